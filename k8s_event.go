@@ -1,0 +1,216 @@
+// Package k8s_event is a CoreDNS plugin that turns the log lines of CoreDNS
+// plugins into Kubernetes Events on the CoreDNS pod, so that `kubectl get
+// events` and `kubectl describe pod` show what CoreDNS logged.
+//
+// The work is split in three, and only the first runs on the DNS path:
+//
+//	listener (hook.go)       level test, format, non-blocking hand-off
+//	correlator (ratelimit.go) one LRU of events: repeats counted, storms combined
+//	writers (ratelimit.go)   token bucket per reason, Create or Patch, retries
+//
+// One pipeline serves the whole process, whatever the number of server blocks
+// and across reloads: the broadcaster below attaches caddy instances to it and
+// stops it when the last one is gone.
+package k8s_event
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"github.com/coredns/kubeapi"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+)
+
+// flushTimeout bounds how long the final shutdown waits for pending events.
+const flushTimeout = 5 * time.Second
+
+// instance is the k8s_event state of one caddy instance (one Corefile): the
+// merged settings of its server blocks and the API client of the first one.
+type instance struct {
+	mu      sync.Mutex
+	cfg     config
+	rateSet bool
+	blocks  []*dnsserver.Config
+	client  kubernetes.Interface
+}
+
+type instanceKey struct{}
+
+// instanceOf returns the state of the instance that c configures, creating
+// it for the first block.
+func instanceOf(c *caddy.Controller) *instance {
+	if inst, ok := c.Get(instanceKey{}).(*instance); ok {
+		return inst
+	}
+	inst := &instance{}
+	c.Set(instanceKey{}, inst)
+	return inst
+}
+
+// addBlock merges one block's settings. It returns the instance when this was
+// the first block, nil otherwise, so that hooks are wired once per instance.
+//
+// Levels are the union over all blocks. The rate is process-wide: a block
+// without a rate line takes the rate of one that has it, and two different
+// rate lines are an error.
+func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, error) {
+	inst.mu.Lock()
+	defer inst.mu.Unlock()
+	first := len(inst.blocks) == 0
+	switch {
+	case first:
+		inst.cfg = cfg
+		inst.rateSet = cfg.rateSet
+	case cfg.rateSet && inst.rateSet && !sameRate(cfg, inst.cfg):
+		return nil, fmt.Errorf("rate %g %d %d conflicts with rate %g %d %d of another server block: the rate is process-wide",
+			cfg.qps, cfg.burst, cfg.cacheSize, inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize)
+	default:
+		inst.cfg.levels |= cfg.levels
+		if cfg.rateSet && !inst.rateSet {
+			inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize = cfg.qps, cfg.burst, cfg.cacheSize
+			inst.rateSet = true
+		}
+	}
+	inst.blocks = append(inst.blocks, block)
+	if first {
+		return inst, nil
+	}
+	return nil, nil
+}
+
+func sameRate(a, b config) bool {
+	return a.qps == b.qps && a.burst == b.burst && a.cacheSize == b.cacheSize
+}
+
+// startup resolves the API client of every block that enables k8s_event and
+// attaches the instance to the process-wide pipeline.
+func (inst *instance) startup() error {
+	inst.mu.Lock()
+	for _, b := range inst.blocks {
+		client, err := kubeapi.Client(b)
+		if err != nil || client == nil {
+			inst.mu.Unlock()
+			return fmt.Errorf("%s: the kubeapi plugin must be enabled in the same server block (%s)", pluginName, blockName(b))
+		}
+		if inst.client == nil {
+			inst.client = client
+		}
+	}
+	inst.mu.Unlock()
+	return global.attach(inst)
+}
+
+func blockName(b *dnsserver.Config) string {
+	if b == nil {
+		return "?"
+	}
+	return b.Zone + ":" + b.Port
+}
+
+func (inst *instance) shutdown() error { global.detach(inst); return nil }
+
+// restartFailed runs on the old instance when a reload failed: the new
+// instance may have attached before failing, and none of its hooks will run.
+func (inst *instance) restartFailed() error { global.reconcile(); return nil }
+
+func (inst *instance) settings() (config, kubernetes.Interface) {
+	inst.mu.Lock()
+	defer inst.mu.Unlock()
+	return inst.cfg, inst.client
+}
+
+// broadcaster owns the process-wide pipeline and the instances attached to it.
+type broadcaster struct {
+	mu       sync.Mutex
+	attached []*instance // oldest first; the newest one's settings apply
+	p        *pipeline
+
+	// live tells whether an instance still belongs to a running caddy
+	// instance; a reload that failed after attaching leaves one that does not.
+	live  func(*instance) bool
+	clock clock.WithTicker
+}
+
+var global = &broadcaster{live: caddyLive, clock: clock.RealClock{}}
+
+// caddyLive finds inst in the storage of the caddy instances that are up.
+func caddyLive(inst *instance) bool {
+	for _, ci := range caddy.Instances() {
+		ci.StorageMu.RLock()
+		v := ci.Storage[instanceKey{}]
+		ci.StorageMu.RUnlock()
+		if v == inst {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *broadcaster) attach(inst *instance) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, a := range b.attached {
+		if a == inst {
+			return nil
+		}
+	}
+	b.attached = append(b.attached, inst)
+	return b.reconcileLocked()
+}
+
+func (b *broadcaster) detach(inst *instance) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, a := range b.attached {
+		if a == inst {
+			b.attached = append(b.attached[:i:i], b.attached[i+1:]...)
+			break
+		}
+	}
+	b.reconcileLocked()
+}
+
+// reconcile forgets instances that are gone, then runs the pipeline with the
+// newest instance's settings, or stops it when none is left.
+func (b *broadcaster) reconcile() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reconcileLocked()
+}
+
+func (b *broadcaster) reconcileLocked() error {
+	kept := b.attached[:0]
+	for _, a := range b.attached {
+		if b.live(a) {
+			kept = append(kept, a)
+		}
+	}
+	b.attached = kept
+	if len(b.attached) == 0 {
+		if b.p != nil {
+			b.p.stop(flushTimeout)
+			b.p = nil
+		}
+		return nil
+	}
+	cfg, client := b.attached[len(b.attached)-1].settings()
+	if client == nil {
+		return errors.New("no Kubernetes API client")
+	}
+	if b.p == nil {
+		b.p = newPipeline(cfg, client, podFromEnv(), b.clock)
+		b.p.start()
+		if err := clog.RegisterListener(b.p); err != nil {
+			return err
+		}
+		return nil
+	}
+	b.p.apply(cfg, client)
+	return nil
+}

@@ -1,0 +1,162 @@
+package k8s_event
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin"
+)
+
+const pluginName = "k8s_event"
+
+func init() { plugin.Register(pluginName, setup) }
+
+// Defaults and accepted ranges of the rate option.
+const (
+	defaultQPS       = 1.0 / 300
+	defaultBurst     = 25
+	defaultCacheSize = 4096
+
+	maxQPS       = 1000.0
+	maxBurst     = 10000
+	maxCacheSize = 1 << 20
+)
+
+var defaultLevels = levelSet(1<<levelError | 1<<levelWarning)
+
+// config is what one server block asks for.
+type config struct {
+	levels    levelSet
+	qps       float64
+	burst     int
+	cacheSize int
+	rateSet   bool // rate was given explicitly
+}
+
+func setup(c *caddy.Controller) error {
+	cfg, err := parse(c)
+	if err != nil {
+		return plugin.Error(pluginName, err)
+	}
+	inst, err := instanceOf(c).addBlock(cfg, dnsserver.GetConfig(c))
+	if err != nil {
+		return plugin.Error(pluginName, err)
+	}
+	if inst != nil {
+		// The first block of a Corefile wires the instance's hooks; one
+		// set of hooks per instance, however many blocks enable k8s_event.
+		c.OnStartup(inst.startup)
+		c.OnShutdown(inst.shutdown)
+		c.OnRestartFailed(inst.restartFailed)
+	}
+	return nil
+}
+
+// parse reads one server block's k8s_event stanza. It has no side effects.
+func parse(c *caddy.Controller) (config, error) {
+	cfg := config{levels: defaultLevels, qps: defaultQPS, burst: defaultBurst, cacheSize: defaultCacheSize}
+	seen := false
+	for c.Next() {
+		if seen {
+			return cfg, plugin.ErrOnce
+		}
+		seen = true
+		if args := c.RemainingArgs(); len(args) != 0 {
+			return cfg, c.Errf("k8s_event takes no arguments, got %q", strings.Join(args, " "))
+		}
+		levelGiven := false
+		for c.NextBlock() {
+			switch c.Val() {
+			case "level":
+				if levelGiven {
+					return cfg, c.Err("level given twice")
+				}
+				levelGiven = true
+				set, err := parseLevels(c, c.RemainingArgs())
+				if err != nil {
+					return cfg, err
+				}
+				cfg.levels = set
+			case "rate":
+				if cfg.rateSet {
+					return cfg, c.Err("rate given twice")
+				}
+				if err := parseRate(c, c.RemainingArgs(), &cfg); err != nil {
+					return cfg, err
+				}
+				cfg.rateSet = true
+			default:
+				return cfg, c.Errf("unknown property %q", c.Val())
+			}
+		}
+	}
+	return cfg, nil
+}
+
+func parseLevels(c *caddy.Controller, args []string) (levelSet, error) {
+	if len(args) == 0 {
+		return 0, c.Err("level needs at least one of debug, info, warning, error, fatal")
+	}
+	var set levelSet
+	for _, a := range args {
+		l, ok := levelByName(a)
+		if !ok {
+			return 0, c.Errf("level must be one of debug, info, warning, error, fatal: %q", a)
+		}
+		set |= 1 << l
+	}
+	return set, nil
+}
+
+func levelByName(name string) (level, bool) {
+	for l := level(0); l < numLevels; l++ {
+		if strings.EqualFold(name, levelNames[l]) {
+			return l, true
+		}
+	}
+	return 0, false
+}
+
+func parseRate(c *caddy.Controller, args []string, cfg *config) error {
+	if len(args) == 0 || len(args) > 3 {
+		return c.Errf("rate takes 1 to 3 values: [QPS] [BURST] [CACHESIZE], got %d", len(args))
+	}
+	qps, err := strconv.ParseFloat(args[0], 64)
+	if err != nil || math.IsNaN(qps) || math.IsInf(qps, 0) {
+		return c.Errf("rate QPS must be a number: %q", args[0])
+	}
+	if qps <= 0 || qps > maxQPS {
+		return c.Errf("rate QPS must be in range (0, %g]: %s", maxQPS, args[0])
+	}
+	cfg.qps = qps
+	if len(args) > 1 {
+		if cfg.burst, err = parseInt(c, "BURST", args[1], maxBurst); err != nil {
+			return err
+		}
+	}
+	if len(args) > 2 {
+		if cfg.cacheSize, err = parseInt(c, "CACHESIZE", args[2], maxCacheSize); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func parseInt(c *caddy.Controller, name, arg string, max int) (int, error) {
+	n, err := strconv.Atoi(arg)
+	if err != nil {
+		return 0, c.Errf("rate %s must be an integer: %q", name, arg)
+	}
+	if n < 1 || n > max {
+		return 0, c.Errf("rate %s must be in range [1, %d]: %s", name, max, arg)
+	}
+	return n, nil
+}
+
+func (c config) String() string {
+	return fmt.Sprintf("level %s; rate %g %d %d", c.levels, c.qps, c.burst, c.cacheSize)
+}

@@ -1,0 +1,122 @@
+// Package logline is a test plugin that makes CoreDNS log on demand.
+//
+//	logline [ADDR]
+//
+// A query for a name under fail.logline. gets SERVFAIL and an error that the
+// errors plugin logs. With ADDR, an HTTP server there takes
+// POST /log?level=LEVEL&count=N and logs the request body N times at LEVEL
+// through a plugin logger, verbatim.
+package logline
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin"
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"github.com/miekg/dns"
+)
+
+const name = "logline"
+
+var log = clog.NewWithPlugin(name)
+
+// errInjected is what a fail.logline. query returns.
+var errInjected = errors.New("logline: injected failure")
+
+func init() { plugin.Register(name, setup) }
+
+func setup(c *caddy.Controller) error {
+	c.Next()
+	args := c.RemainingArgs()
+	if len(args) > 1 {
+		return plugin.Error(name, c.ArgErr())
+	}
+	if len(args) == 1 {
+		srv := &server{addr: args[0]}
+		c.OnStartup(srv.start)
+		c.OnShutdown(srv.stop)
+	}
+	dnsserver.GetConfig(c).AddPlugin(func(next plugin.Handler) plugin.Handler { return handler{next} })
+	return nil
+}
+
+type handler struct{ next plugin.Handler }
+
+func (h handler) Name() string { return name }
+
+func (h handler) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	if len(r.Question) == 1 && dns.IsSubDomain("fail.logline.", strings.ToLower(r.Question[0].Name)) {
+		return dns.RcodeServerFailure, errInjected
+	}
+	return plugin.NextOrFailure(name, h.next, ctx, w, r)
+}
+
+type server struct {
+	addr string
+	ln   net.Listener
+}
+
+func (s *server) start() error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return err
+	}
+	s.ln = ln
+	go http.Serve(ln, http.HandlerFunc(serveLog))
+	return nil
+}
+
+func (s *server) stop() error {
+	if s.ln != nil {
+		return s.ln.Close()
+	}
+	return nil
+}
+
+func serveLog(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/log" {
+		http.Error(w, "POST /log?level=LEVEL&count=N", http.StatusNotFound)
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	count := 1
+	if c := r.URL.Query().Get("count"); c != "" {
+		if count, err = strconv.Atoi(c); err != nil || count < 1 {
+			http.Error(w, "bad count", http.StatusBadRequest)
+			return
+		}
+	}
+	msg := string(body)
+	var logf func(...any)
+	switch r.URL.Query().Get("level") {
+	case "debug":
+		logf = log.Debug
+	case "info":
+		logf = log.Info
+	case "warning":
+		logf = log.Warning
+	case "error", "":
+		logf = log.Error
+	case "fatal":
+		logf = log.Fatal
+	default:
+		http.Error(w, "bad level", http.StatusBadRequest)
+		return
+	}
+	for range count {
+		logf(msg)
+	}
+	w.WriteHeader(http.StatusOK)
+}
