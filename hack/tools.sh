@@ -88,10 +88,8 @@ install)
 	;;
 env)
 	install
-	echo "KUBE_APISERVER=$KUBE_APISERVER"
-	echo "ETCD=$ETCD"
-	echo "KUBECTL=$KUBECTL"
-	if command -v dnsperf >/dev/null; then echo "DNSPERF=$(command -v dnsperf)"; fi
+	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL"
+	if command -v dnsperf >/dev/null; then printf "DNSPERF=%q\n" "$(command -v dnsperf)"; fi
 	;;
 dnsperf)
 	install_dnsperf
