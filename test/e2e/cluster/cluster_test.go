@@ -4,9 +4,11 @@ package cluster
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -93,4 +95,33 @@ func TestCluster(t *testing.T) {
 			t.Fatal("apiserver_request_total missing from /metrics")
 		}
 	})
+}
+
+func TestEventRateLimit(t *testing.T) {
+	c := NewForTest(t, EventRateLimit(1, 3))
+	ctx := t.Context()
+	if _, err := c.CreateNamespace(ctx, "limited"); err != nil {
+		t.Fatal(err)
+	}
+	var created int
+	for i := range 10 {
+		_, err := c.Clientset.CoreV1().Events("limited").Create(ctx, &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("e%d", i)},
+			InvolvedObject: corev1.ObjectReference{Kind: "Namespace", Name: "limited", APIVersion: "v1"},
+			Reason:         "Test",
+			Message:        "burst",
+			Type:           corev1.EventTypeNormal,
+		}, metav1.CreateOptions{})
+		switch {
+		case err == nil:
+			created++
+		case apierrors.IsTooManyRequests(err):
+		default:
+			t.Fatal(err)
+		}
+	}
+	// A burst of 3, and maybe a token that refilled during the loop.
+	if created < 3 || created > 5 {
+		t.Fatalf("created %d of 10 events at once with burst 3, want 3 to 5", created)
+	}
 }
