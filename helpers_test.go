@@ -1,6 +1,10 @@
 package k8s_event
 
 import (
+	"github.com/coredns/caddy"
+	"io"
+	"log"
+	"os"
 	"testing"
 	"time"
 
@@ -49,4 +53,13 @@ func drain(p *pipeline) {
 	for p.queue.Len() > 0 {
 		p.processNext()
 	}
+}
+
+var corev1Pod = corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "coredns-1", Namespace: "kube-system", UID: "uid-1"}}
+
+func newController(stanza string) *caddy.Controller { return caddy.NewTestController("dns", stanza) }
+
+func TestMain(m *testing.M) {
+	log.SetOutput(io.Discard) // CoreDNS's loggers write through the standard logger
+	os.Exit(m.Run())
 }

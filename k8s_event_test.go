@@ -1,0 +1,209 @@
+package k8s_event
+
+import (
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coredns/coredns/core/dnsserver"
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// liveSet stands for caddy's list of running instances.
+type liveSet struct {
+	mu   sync.Mutex
+	dead map[*instance]bool
+}
+
+func (l *liveSet) live(i *instance) bool { l.mu.Lock(); defer l.mu.Unlock(); return !l.dead[i] }
+func (l *liveSet) kill(i *instance)      { l.mu.Lock(); defer l.mu.Unlock(); l.dead[i] = true }
+
+func newTestBroadcaster(t *testing.T) (*broadcaster, *liveSet) {
+	t.Helper()
+	t.Setenv(envPodName, testPod.ref.Name)
+	t.Setenv(envNamespace, testPod.ref.Namespace)
+	t.Setenv(envPodUID, string(testPod.ref.UID))
+	t.Setenv(envNodeName, testPod.node)
+	ls := &liveSet{dead: map[*instance]bool{}}
+	b := &broadcaster{live: ls.live, clock: clocktesting.NewFakeClock(epoch)}
+	t.Cleanup(func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.attached = nil
+		b.reconcileLocked()
+	})
+	return b, ls
+}
+
+// newInstance builds an instance from Corefile stanzas, one per server block.
+func newInstance(t *testing.T, client *fake.Clientset, stanzas ...string) *instance {
+	t.Helper()
+	inst := &instance{client: client}
+	for _, s := range stanzas {
+		cfg, err := parse(newController(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := inst.addBlock(cfg, &dnsserver.Config{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return inst
+}
+
+// waitEvents waits until the writers have posted what matches.
+func waitEvents(t *testing.T, client *fake.Clientset, ok func(counts map[string]int32) bool) map[string]int32 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		counts := map[string]int32{}
+		for _, ev := range events(t, client) {
+			counts[ev.Message] += ev.Count
+		}
+		if ok(counts) {
+			return counts
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events never matched: %v", counts)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func waitGoroutines(t *testing.T, baseline int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > baseline {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines, baseline %d\n%s", runtime.NumGoroutine(), baseline, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var pluginLog = clog.NewWithPlugin("errors")
+
+func TestTwoBlocksOneEvent(t *testing.T) {
+	b, _ := newTestBroadcaster(t)
+	client := fake.NewClientset()
+	inst := newInstance(t, client, "k8s_event", "k8s_event {\n level info\n}")
+	if err := b.attach(inst); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.attach(inst); err != nil { // a second block's startup
+		t.Fatal(err)
+	}
+	pluginLog.Error("one line")
+	pluginLog.Info("and one info")
+	b.detach(inst)
+	counts := waitEvents(t, client, func(map[string]int32) bool { return true })
+	if counts["plugin/errors: one line"] != 1 || counts["plugin/errors: and one info"] != 1 || len(counts) != 2 {
+		t.Errorf("events %v, want each line once", counts)
+	}
+}
+
+func TestReloadKeepsOnePipeline(t *testing.T) {
+	baseline := runtime.NumGoroutine()
+	b, _ := newTestBroadcaster(t)
+	client := fake.NewClientset()
+	old := newInstance(t, client, "k8s_event")
+	if err := b.attach(old); err != nil {
+		t.Fatal(err)
+	}
+	p := b.p
+	pluginLog.Error("before")
+	for range 100 {
+		// New instance's OnStartup, then the old one's OnShutdown.
+		next := newInstance(t, client, "k8s_event {\n level error info\n}")
+		if err := b.attach(next); err != nil {
+			t.Fatal(err)
+		}
+		b.detach(old)
+		old = next
+		pluginLog.Error("during")
+	}
+	if b.p != p {
+		t.Fatal("a reload replaced the pipeline")
+	}
+	pluginLog.Info("after")
+	waitEvents(t, client, func(c map[string]int32) bool {
+		return c["plugin/errors: before"] == 1 && c["plugin/errors: during"] == 100 && c["plugin/errors: after"] == 1
+	})
+	b.detach(old)
+	if b.p != nil {
+		t.Fatal("pipeline still running after the last detach")
+	}
+	waitGoroutines(t, baseline)
+}
+
+func TestFailedReloadRestoresOldSettings(t *testing.T) {
+	baseline := runtime.NumGoroutine()
+	b, ls := newTestBroadcaster(t)
+	client := fake.NewClientset()
+	old := newInstance(t, client, "k8s_event {\n level error\n}")
+	if err := b.attach(old); err != nil {
+		t.Fatal(err)
+	}
+	// The new instance starts up, then its servers fail: caddy forgets it
+	// and runs the old instance's OnRestartFailed.
+	failed := newInstance(t, client, "k8s_event {\n level info\n}")
+	if err := b.attach(failed); err != nil {
+		t.Fatal(err)
+	}
+	if !levelSet(b.p.levels.Load()).has(levelInfo) {
+		t.Fatal("the new settings did not take over")
+	}
+	ls.kill(failed)
+	b.reconcile()
+	if len(b.attached) != 1 || b.attached[0] != old {
+		t.Fatalf("attached %v, want only the old instance", b.attached)
+	}
+	if got := levelSet(b.p.levels.Load()); got != 1<<levelError {
+		t.Fatalf("levels %v after the failed reload, want error", got)
+	}
+	pluginLog.Error("still posting")
+	pluginLog.Info("not posted")
+	waitEvents(t, client, func(c map[string]int32) bool { return c["plugin/errors: still posting"] == 1 })
+	b.detach(old)
+	waitGoroutines(t, baseline)
+	if _, ok := waitEvents(t, client, func(map[string]int32) bool { return true })["plugin/errors: not posted"]; ok {
+		t.Error("an info line was posted with the old settings")
+	}
+}
+
+func TestStartupNeedsKubeapi(t *testing.T) {
+	inst := newInstance(t, fake.NewClientset(), "k8s_event")
+	inst.client = nil
+	err := inst.startup()
+	if err == nil || !strings.Contains(err.Error(), "kubeapi plugin must be enabled in the same server block") {
+		t.Fatalf("startup without kubeapi: %v", err)
+	}
+}
+
+func TestWithoutPodEnvEventsGoToDefault(t *testing.T) {
+	t.Setenv(envPodName, "")
+	t.Setenv(envNamespace, "")
+	pod := podFromEnv()
+	if pod.ref.Kind != "Namespace" || pod.ref.Name != "default" || pod.eventNamespace() != "default" {
+		t.Errorf("reference %+v in %s", pod.ref, pod.eventNamespace())
+	}
+}
+
+func TestUIDLookedUpWhenMissing(t *testing.T) {
+	t.Setenv(envPodName, "coredns-1")
+	t.Setenv(envNamespace, "kube-system")
+	t.Setenv(envPodUID, "")
+	client := fake.NewClientset(&corev1Pod)
+	p := newPipeline(testConfig(all, 1, 25, 16), client, podFromEnv(), clocktesting.NewFakeClock(epoch))
+	t.Cleanup(func() { p.queue.ShutDown(); p.cancel() })
+	p.observe(ln(levelError, "errors", "x", epoch))
+	drain(p)
+	if ev := only(t, events(t, client)); ev.InvolvedObject.UID != corev1Pod.UID {
+		t.Errorf("uid %q, want %q", ev.InvolvedObject.UID, corev1Pod.UID)
+	}
+}
