@@ -367,16 +367,18 @@ func events(ctx context.Context, pod *corev1.Pod) ([]corev1.Event, error) {
 func waitEvents(t *testing.T, pod *corev1.Pod, what string, done func([]corev1.Event) bool) []corev1.Event {
 	t.Helper()
 	var last []corev1.Event
+	var listErr error
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		evs, err := events(ctx, pod)
 		if err != nil {
-			return false, err
+			listErr = err
+			return false, nil
 		}
 		last = evs
 		return done(evs), nil
 	})
 	if err != nil {
-		t.Fatalf("waiting for %s: %v; events:\n%s", what, err, describe(last))
+		t.Fatalf("waiting for %s: %v (last list error: %v); events:\n%s", what, err, listErr, describe(last))
 	}
 	return last
 }

@@ -107,7 +107,7 @@ func TestEventRateLimit(t *testing.T) {
 	for i := range 10 {
 		_, err := c.Clientset.CoreV1().Events("limited").Create(ctx, &corev1.Event{
 			ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("e%d", i)},
-			InvolvedObject: corev1.ObjectReference{Kind: "Namespace", Name: "limited", APIVersion: "v1"},
+			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "limited", Name: "p", APIVersion: "v1"},
 			Reason:         "Test",
 			Message:        "burst",
 			Type:           corev1.EventTypeNormal,
