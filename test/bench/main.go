@@ -51,6 +51,7 @@ type bench struct {
 	memLarge int
 	probes   int
 	settle   time.Duration
+	profile  string // directory for CPU profiles of CoreDNS, or ""
 
 	stormFile string
 	rows      []row
@@ -78,6 +79,7 @@ func main() {
 	flag.IntVar(&b.memLarge, "mem-large", 1_000_000, "distinct error lines before the second RSS reading")
 	flag.IntVar(&b.probes, "probes", 100, "lines of the latency measurement")
 	flag.DurationVar(&b.settle, "settle", 5*time.Second, "pause before reading RSS")
+	flag.StringVar(&b.profile, "profile", "", "write CPU profiles of the first throughput pair to this directory (adds pprof to the Corefile)")
 	only := flag.String("only", "", "comma-separated measurements to run (throughput, budget, memory, latency); all when empty")
 	flag.Parse()
 

@@ -47,7 +47,7 @@ func (b *bench) throughput(ctx context.Context) error {
 			return err
 		}
 	}
-	var qps [2][]float64
+	var qps, cpu [2][]float64
 	var lost [2]int64
 	for i := range b.runs {
 		for v, plugin := range []string{pluginDefault, ""} {
@@ -55,14 +55,38 @@ func (b *bench) throughput(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			profiled := make(chan error, 1)
+			if b.profile != "" && i == 0 {
+				go func() {
+					path := filepath.Join(b.profile, "cpu-"+"AB"[v:v+1]+".pprof")
+					profiled <- c.cpuProfile(ctx, b.storm-2*time.Second, path)
+				}()
+			} else {
+				profiled <- nil
+			}
+			cpu0, err := c.cpuSeconds(ctx)
+			if err != nil {
+				c.stop(b)
+				return err
+			}
 			p, err := b.dnsperf(ctx, c, b.stormFile, "-l", strconv.Itoa(int(b.storm.Seconds())))
+			if perr := <-profiled; perr != nil && err == nil {
+				err = perr
+			}
+			cpu1, cerr := c.cpuSeconds(ctx)
 			c.stop(b)
+			if err == nil {
+				err = cerr
+			}
 			if err != nil {
 				return err
 			}
 			qps[v] = append(qps[v], p.qps)
+			perQuery := (cpu1 - cpu0) / float64(max(p.completed, 1)) * 1e6
+			cpu[v] = append(cpu[v], perQuery)
 			lost[v] += p.lost
-			progress("   run %d %s: %.0f qps (%d sent, %d lost)", i+1, "AB"[v:v+1], p.qps, p.sent, p.lost)
+			progress("   run %d %s: %.0f qps (%d sent, %d lost), CoreDNS CPU %.1f us/query",
+				i+1, "AB"[v:v+1], p.qps, p.sent, p.lost, perQuery)
 		}
 	}
 	a, bb := median(qps[0]), median(qps[1])
@@ -74,6 +98,14 @@ func (b *bench) throughput(ctx context.Context) error {
 		ratio:  fmt.Sprintf("%.3f", ratio),
 		bar:    "A/B >= 0.97",
 		result: passFail(ratio >= 0.97),
+	})
+	ca, cb := median(cpu[0]), median(cpu[1])
+	b.add(row{
+		metric: "CoreDNS CPU per query in those runs (us, median)",
+		a:      fmt.Sprintf("%.1f", ca),
+		b:      fmt.Sprintf("%.1f", cb),
+		ratio:  fmt.Sprintf("%.3f", ca/cb),
+		bar:    "(report)",
 	})
 	var pairs []string
 	for i := range qps[0] {

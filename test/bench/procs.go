@@ -30,6 +30,7 @@ type coreDNS struct {
 	dns     int
 	logline string // host:port of logline's HTTP server
 	metrics string // host:port of the prometheus plugin
+	pprof   string // host:port of the pprof plugin, or ""
 	dir     string
 }
 
@@ -101,6 +102,12 @@ func (b *bench) startCoreDNS(ctx context.Context, ns, plugin string) (*coreDNS, 
 	if plugin != "" {
 		plugin = "    " + plugin + "\n"
 	}
+	if b.profile != "" {
+		if c.pprof, err = freeAddr(); err != nil {
+			return nil, err
+		}
+		plugin += "    pprof " + c.pprof + "\n"
+	}
 	conf := filepath.Join(c.dir, "Corefile")
 	corefile := fmt.Sprintf(corefileTmpl, c.dns, b.kube.KubeconfigPath, plugin, c.metrics, c.logline)
 	if err := os.WriteFile(conf, []byte(corefile), 0o644); err != nil {
@@ -159,6 +166,43 @@ func (c *coreDNS) scrape(ctx context.Context) (metrics, error) {
 		return nil, err
 	}
 	return parseProm(body), nil
+}
+
+// cpuSeconds is the CPU time CoreDNS has used, from its process metrics.
+func (c *coreDNS) cpuSeconds(ctx context.Context) (float64, error) {
+	m, err := c.scrape(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return m.sum("process_cpu_seconds_total"), nil
+}
+
+// cpuProfile writes a CPU profile of the next d to path.
+func (c *coreDNS) cpuProfile(ctx context.Context, d time.Duration, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, d+10*time.Second)
+	defer cancel()
+	u := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", c.pprof, int(d.Seconds()))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // logLine makes CoreDNS log body once at level through logline.
