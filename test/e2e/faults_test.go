@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -325,7 +326,7 @@ func TestAPIUnreachable(t *testing.T) {
 
 	px.setMode(proxyForward)
 	want := map[string]int32{
-		"plugin/logline: " + repeated: 20,
+		"plugin/logline: " + repeated:                                      20,
 		"plugin/errors: 2 down.fail.logline. A: logline: injected failure": 10,
 	}
 	for _, l := range distinct {
@@ -613,4 +614,264 @@ func slowAPI(t *testing.T) (*corev1.Pod, map[string]int32) {
 		return true
 	})
 	return pod, want
+}
+
+// reloadCorefile checks for a new Corefile every 2s, without jitter. Its
+// lines come from queries only: an HTTP server of logline would be started
+// by the new configuration before the old one lets go of its port.
+const reloadCorefile = `.:{{.DNS}} {
+    kubeapi {
+        kubeconfig {{.Kubeconfig}}
+    }
+    k8s_event {
+        rate 100 200
+    }
+    reload 2s 0s
+    errors
+    logline
+    prometheus {{.Metrics}}
+    whoami
+}
+`
+
+// failLine is what the errors plugin logs for a query of name under
+// fail.logline.
+func failLine(name string) string {
+	return "plugin/errors: 2 " + name + ".fail.logline. A: logline: injected failure"
+}
+
+// TestReloadStorm reloads CoreDNS ten times through the reload plugin while
+// lines flow: no line is posted twice or lost, and no goroutine is left
+// behind. Then a reload into a broken Corefile fails and the old settings
+// keep posting.
+func TestReloadStorm(t *testing.T) {
+	pod := testPod(t)
+	c := startFaults(t, pod, reloadCorefile)
+	reloads := func() int { return strings.Count(c.Log(), reloadLinePrefix) }
+
+	c.fail("warm")
+	want := map[string]int32{failLine("warm"): 1}
+	waitEvents(t, pod, "the first line", func(evs []corev1.Event) bool { return counts(evs, want) })
+	goroutinesBefore := c.metric(goroutines)
+
+	// Lines flow from failing queries of five names. A query that got no
+	// answer may or may not have been logged.
+	names := []string{"storm-a", "storm-b", "storm-c", "storm-d", "storm-e"}
+	answered, lost := make([]int32, len(names)), make([]int32, len(names))
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(50 * time.Millisecond)
+		defer ticker.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-ticker.C:
+			}
+			j := i % len(names)
+			if r, err := c.exchange(names[j]+".fail.logline.", dns.TypeA); err != nil || r.Rcode != dns.RcodeServerFailure {
+				lost[j]++
+				continue
+			}
+			answered[j]++
+		}
+	}()
+	stopFlow := sync.OnceFunc(func() { close(stop); <-done })
+	t.Cleanup(stopFlow)
+
+	start := time.Now()
+	for i := range 10 {
+		n := reloads()
+		rate := "rate 100 200"
+		if i%2 == 0 {
+			rate = "rate 100 201"
+		}
+		c.reload(strings.Replace(reloadCorefile, "rate 100 200", rate, 1))
+		waitFor(t, 10*time.Second, fmt.Sprintf("reload %d", i+1), func() bool { return reloads() > n })
+	}
+	stopFlow()
+	t.Logf("10 reloads in %v; %d queries answered %v, %d lost %v", time.Since(start).Round(time.Millisecond), sum(answered), answered, sum(lost), lost)
+	if c.LogContains("reload failed") {
+		t.Fatalf("a reload failed:\n%s", c.LogTail(30))
+	}
+
+	for i, name := range names {
+		want[failLine(name)] = answered[i]
+	}
+	// Each name in one event whose count is the answered queries, plus at
+	// most the lost ones.
+	inOne := func(evs []corev1.Event) bool {
+		for i, name := range names {
+			m := withExactMessage(evs, failLine(name))
+			if len(m) != 1 || m[0].Count < answered[i] || m[0].Count > answered[i]+lost[i] {
+				return false
+			}
+		}
+		return len(evs) == len(want) && counts(evs, map[string]int32{failLine("warm"): 1})
+	}
+	waitEventsFor(t, pod, 30*time.Second, "each line in one event with its count", inOne)
+	evs := settle(t, pod, 2*time.Second, "no line posted twice", inOne)
+	t.Logf("events:\n%s", describe(evs))
+	for i, name := range names {
+		want[failLine(name)] = withExactMessage(evs, failLine(name))[0].Count
+		if lost[i] == 0 && want[failLine(name)] != answered[i] {
+			t.Errorf("%s: count %d, want %d", name, want[failLine(name)], answered[i])
+		}
+	}
+
+	var goroutinesAfter float64
+	waitFor(t, 20*time.Second, "the goroutines of the old servers to end", func() bool {
+		goroutinesAfter = c.metric(goroutines)
+		return goroutinesAfter <= goroutinesBefore+10
+	})
+	t.Logf("goroutines: %v before the reloads, %v after", goroutinesBefore, goroutinesAfter)
+
+	// A Corefile that does not parse: the reload fails, the old settings stay.
+	const failed = "plugin/reload: Corefile changed but reload failed"
+	c.reload(strings.Replace(reloadCorefile, "rate 100 200", "rate 0", 1))
+	waitFor(t, 10*time.Second, "the failed reload", func() bool { return c.LogContains(failed) })
+	c.fail("after")
+	c.fail("after")
+	c.fail("storm-a")
+	want[failLine("after")] = 2
+	want[failLine("storm-a")]++
+	evs = waitEvents(t, pod, "the lines after the failed reload", func(evs []corev1.Event) bool {
+		return counts(evs, want) && len(withMessage(evs, failed)) == 1
+	})
+	t.Logf("after the failed reload: %q", withMessage(evs, failed)[0].Message)
+}
+
+func sum(ns []int32) (s int32) {
+	for _, n := range ns {
+		s += n
+	}
+	return s
+}
+
+// TestLeastPrivilege runs CoreDNS as a ServiceAccount with the README's
+// RBAC, create and patch on events: new lines and repeats land. Without
+// create, a new line gets no event; without patch, a repeat's count stays.
+func TestLeastPrivilege(t *testing.T) {
+	pod := testPod(t)
+	ns, sa := pod.Namespace, "coredns-least"
+	kc, err := kube.ServiceAccountKubeconfig(t.Context(), ns, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rememberToken(t, kc)
+	setEventVerbs(t, ns, sa, "create", "patch")
+	c := startFaults(t, pod, faultsCorefile, withKubeconfig(kc))
+
+	const repeated, fresh = "created, then patched", "a new line"
+	want := map[string]int32{"plugin/logline: " + repeated: 1}
+	c.logLine("warning", 1, repeated)
+	waitEvents(t, pod, "the created event", func(evs []corev1.Event) bool { return counts(evs, want) })
+	c.logLine("warning", 2, repeated)
+	c.logLine("warning", 1, fresh)
+	want["plugin/logline: "+repeated] = 3
+	want["plugin/logline: "+fresh] = 1
+	waitEvents(t, pod, "the patched event and a new one", func(evs []corev1.Event) bool { return counts(evs, want) })
+	if n := c.metric(errors403); n != 0 {
+		t.Fatalf("api_errors{403}=%v with create and patch", n)
+	}
+
+	t.Run("without create", func(t *testing.T) {
+		setEventVerbs(t, ns, sa, "patch")
+		f := c.metric(errors403)
+		const refused = "a new line without create"
+		c.logLine("warning", 1, refused)
+		c.logLine("warning", 1, repeated)
+		want["plugin/logline: "+repeated]++
+		waitEvents(t, pod, "the repeat, patched", func(evs []corev1.Event) bool { return counts(evs, want) })
+		waitFor(t, 10*time.Second, "a 403", func() bool { return c.metric(errors403) > f })
+		settle(t, pod, 2*time.Second, "no event for the new line", func(evs []corev1.Event) bool {
+			return len(withMessage(evs, refused)) == 0 && counts(evs, want)
+		})
+		t.Logf("api_errors{403}=%v", c.metric(errors403))
+	})
+
+	t.Run("without patch", func(t *testing.T) {
+		setEventVerbs(t, ns, sa, "create")
+		const created = "created without patch"
+		c.logLine("warning", 1, created)
+		want["plugin/logline: "+created] = 1
+		waitEvents(t, pod, "the created event", func(evs []corev1.Event) bool { return counts(evs, want) })
+		f := c.metric(errors403)
+		c.logLine("warning", 2, created)
+		waitFor(t, 10*time.Second, "a 403", func() bool { return c.metric(errors403) > f })
+		settle(t, pod, 2*time.Second, "the repeat's count stays at the first write", func(evs []corev1.Event) bool {
+			return counts(evs, want)
+		})
+		t.Logf("api_errors{403}=%v", c.metric(errors403))
+	})
+}
+
+// TestNoSecretsLeak looks through every event and every CoreDNS output of
+// this run for credentials: tokens, certificates, keys, kubeconfig content.
+// It makes its own writes fail with a token first, so it has something to
+// look at when it runs alone.
+func TestNoSecretsLeak(t *testing.T) {
+	pod := testPod(t)
+	kc, err := kube.ServiceAccountKubeconfig(t.Context(), pod.Namespace, "coredns-no-rbac")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rememberToken(t, kc)
+	c := startFaults(t, pod, faultsCorefile, withKubeconfig(kc))
+	c.logLine("warning", 1, "a line that cannot be written")
+	waitFor(t, 10*time.Second, "the failure line", func() bool { return len(failureLines(c)) > 0 })
+	c.Stop(15 * time.Second)
+	own := c.Log()
+
+	admin, err := clientcmd.LoadFromFile(kube.KubeconfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := map[string]string{
+		"a certificate":             "BEGIN CERTIFICATE",
+		"a private key":             "PRIVATE KEY",
+		"a bearer token":            "Bearer ",
+		"a JWT":                     "eyJhbGciOi",
+		"kubeconfig content":        "client-key-data",
+		"kubeconfig content (cert)": "client-certificate-data",
+		"kubeconfig content (CA)":   "certificate-authority-data",
+		"kubeconfig content (ctx)":  "current-context",
+	}
+	for name, a := range admin.AuthInfos {
+		secrets["the client key of "+name] = strings.TrimSpace(string(a.ClientKeyData))
+		secrets["the client key of "+name+" in base64"] = base64.StdEncoding.EncodeToString(a.ClientKeyData)
+	}
+	outputs.Lock()
+	for i, tok := range outputs.tokens {
+		secrets[fmt.Sprintf("service account token %d", i)] = tok
+		// Part of a token is as bad as all of it.
+		secrets[fmt.Sprintf("the signature of service account token %d", i)] = tok[strings.LastIndexByte(tok, '.')+1:]
+	}
+	texts := map[string]string{"the output of this test's CoreDNS": own}
+	for name, log := range outputs.logs {
+		texts["the output of CoreDNS of "+name] = log
+	}
+	for i, evs := range outputs.events {
+		texts[fmt.Sprintf("the events of stopped cluster %d", i)] = evs
+	}
+	outputs.Unlock()
+	all, err := kube.Clientset.CoreV1().Events(metav1.NamespaceAll).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(all.Items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts["the events of the API server"] = string(b)
+
+	for where, text := range texts {
+		for what, secret := range secrets {
+			if secret != "" && strings.Contains(text, secret) {
+				t.Errorf("%s has %s", where, what)
+			}
+		}
+	}
+	t.Logf("looked for %d secrets in %d texts: %d events, %d CoreDNS outputs", len(secrets), len(texts), len(all.Items), len(texts)-2)
 }
