@@ -50,6 +50,7 @@ type bench struct {
 	memSmall int
 	memLarge int
 	probes   int
+	gap      time.Duration
 	settle   time.Duration
 	profile  string // directory for CPU profiles of CoreDNS, or ""
 
@@ -78,6 +79,7 @@ func main() {
 	flag.IntVar(&b.memSmall, "mem-small", 100_000, "distinct error lines before the first RSS reading")
 	flag.IntVar(&b.memLarge, "mem-large", 1_000_000, "distinct error lines before the second RSS reading")
 	flag.IntVar(&b.probes, "probes", 100, "lines of the latency measurement")
+	flag.DurationVar(&b.gap, "gap", 250*time.Millisecond, "pause between the lines of the paced latency measurement")
 	flag.DurationVar(&b.settle, "settle", 5*time.Second, "pause before reading RSS")
 	flag.StringVar(&b.profile, "profile", "", "write CPU profiles of the first throughput pair to this directory (adds pprof to the Corefile)")
 	only := flag.String("only", "", "comma-separated measurements to run (throughput, budget, memory, latency); all when empty")
