@@ -45,13 +45,14 @@ const faultsCorefile = `.:{{.DNS}} {
 
 // Metric series of the plugin.
 const (
-	errorsNoAnswer = `coredns_k8s_event_api_errors_total{code="0"}`
-	errors403      = `coredns_k8s_event_api_errors_total{code="403"}`
-	errors404      = `coredns_k8s_event_api_errors_total{code="404"}`
-	errors422      = `coredns_k8s_event_api_errors_total{code="422"}`
-	errors429      = `coredns_k8s_event_api_errors_total{code="429"}`
-	droppedRejeced = `coredns_k8s_event_dropped_total{reason="rejected"}`
-	goroutines     = `go_goroutines`
+	errorsNoAnswer  = `coredns_k8s_event_api_errors_total{code="0"}`
+	errors403       = `coredns_k8s_event_api_errors_total{code="403"}`
+	errors404       = `coredns_k8s_event_api_errors_total{code="404"}`
+	errors422       = `coredns_k8s_event_api_errors_total{code="422"}`
+	errors429       = `coredns_k8s_event_api_errors_total{code="429"}`
+	droppedRejected = `coredns_k8s_event_dropped_total{reason="rejected"}`
+	pendingLines    = `coredns_k8s_event_pending_lines`
+	goroutines      = `go_goroutines`
 )
 
 // writeFailure is how the plugin says why a write failed.
@@ -235,6 +236,22 @@ func cpuTicks(t *testing.T, pid int) int64 {
 // clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
 const clockTicks = 100
 
+// accounted waits until every line captured at level is either pending or
+// dropped as rejected, none having reached the API, and returns the figures.
+func accounted(t *testing.T, c *coreDNS, level string) (lines, pending, rejected float64) {
+	t.Helper()
+	series := `coredns_k8s_event_lines_total{level="` + level + `"}`
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		m := c.metrics()
+		lines, pending, rejected = metricValue(m, series), metricValue(m, pendingLines), metricValue(m, droppedRejected)
+		return lines > 0 && lines == pending+rejected, nil
+	})
+	if err != nil {
+		t.Errorf("%s=%v, want pending_lines (%v) + dropped{rejected} (%v)", series, lines, pending, rejected)
+	}
+	return lines, pending, rejected
+}
+
 // failureLines returns the lines where the plugin says why writes fail.
 func failureLines(c *coreDNS) []string {
 	var out []string
@@ -417,7 +434,7 @@ func TestForbidden(t *testing.T) {
 		}
 	}
 	m := c.metrics()
-	forbidden, rejected := metricValue(m, errors403), metricValue(m, droppedRejeced)
+	forbidden, rejected := metricValue(m, errors403), metricValue(m, droppedRejected)
 	t.Logf("api_errors{403}=%v dropped{rejected}=%v", forbidden, rejected)
 	if forbidden < 1 || rejected < 1 {
 		t.Errorf("api_errors{403}=%v dropped{rejected}=%v, want both above 0", forbidden, rejected)
@@ -429,6 +446,8 @@ func TestForbidden(t *testing.T) {
 	if evs, err := events(t.Context(), pod); err != nil || len(evs) != 0 {
 		t.Errorf("events without permission (%v):\n%s", err, describe(evs))
 	}
+	total, pending, _ := accounted(t, c, "warning")
+	t.Logf("lines_total=%v: pending_lines=%v, dropped{rejected}=%v", total, pending, rejected)
 
 	setEventVerbs(t, pod.Namespace, sa, "create", "patch")
 	const fresh = "written once allowed"
@@ -503,7 +522,7 @@ func TestNamespaceMissing(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	m := c.metrics()
-	notFound, rejected := metricValue(m, errors404), metricValue(m, droppedRejeced)
+	notFound, rejected := metricValue(m, errors404), metricValue(m, droppedRejected)
 	t.Logf("%d lines of %d messages over %v: api_errors{404}=%v dropped{rejected}=%v", sent, keys, elapsed.Round(time.Millisecond), notFound, rejected)
 	if notFound < 1 || rejected < 1 {
 		t.Errorf("api_errors{404}=%v dropped{rejected}=%v, want both above 0", notFound, rejected)
@@ -513,6 +532,8 @@ func TestNamespaceMissing(t *testing.T) {
 	if bound := 5 + elapsed.Seconds(); notFound > bound || notFound > keys {
 		t.Errorf("api_errors{404}=%v over %v for %d messages, want at most %d (bucket bound %.0f)", notFound, elapsed.Round(time.Second), keys, keys, bound)
 	}
+	total, pending, _ := accounted(t, c, "error")
+	t.Logf("lines_total=%v: pending_lines=%v, dropped{rejected}=%v", total, pending, rejected)
 	lines := failureLines(c)
 	t.Logf("failure lines:\n%s", strings.Join(lines, "\n"))
 	if len(lines) < 1 || len(lines) > 2 {
@@ -532,10 +553,10 @@ func TestInvalidEvent(t *testing.T) {
 	c := startFaults(t, pod, faultsCorefile)
 	c.logLine("warning", 3, "an event the API server refuses")
 	waitFor(t, 10*time.Second, "a refused write", func() bool {
-		return c.metric(droppedRejeced) >= 1
+		return c.metric(droppedRejected) >= 1
 	})
 	m := c.metrics()
-	t.Logf("api_errors{422}=%v dropped{rejected}=%v", metricValue(m, errors422), metricValue(m, droppedRejeced))
+	t.Logf("api_errors{422}=%v dropped{rejected}=%v", metricValue(m, errors422), metricValue(m, droppedRejected))
 	if metricValue(m, errors422) < 1 {
 		t.Errorf("api_errors{422}=%v, want above 0:\n%s", metricValue(m, errors422), strings.Join(failureLines(c), "\n"))
 	}
@@ -849,6 +870,7 @@ func TestNoSecretsLeak(t *testing.T) {
 		secrets[fmt.Sprintf("the signature of service account token %d", i)] = tok[strings.LastIndexByte(tok, '.')+1:]
 	}
 	texts := map[string]string{"the output of this test's CoreDNS": own}
+	outs := 1 + len(outputs.logs)
 	for name, log := range outputs.logs {
 		texts["the output of CoreDNS of "+name] = log
 	}
@@ -873,5 +895,5 @@ func TestNoSecretsLeak(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("looked for %d secrets in %d texts: %d events, %d CoreDNS outputs", len(secrets), len(texts), len(all.Items), len(texts)-2)
+	t.Logf("looked for %d secrets in %d texts: %d events, %d CoreDNS outputs", len(secrets), len(texts), len(all.Items), outs)
 }
