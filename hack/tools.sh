@@ -35,6 +35,7 @@ build() {
 	mkdir -p "$cache"
 	local tmp
 	tmp=$(mktemp -d "$cache/.$name-$version.XXXXXX")
+	chmod 755 "$tmp"
 	log "building $name $version (this takes a few minutes the first time)"
 	local start=$SECONDS
 	if ! (cd "$tools_mod" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
