@@ -6,6 +6,7 @@ import (
 	"log"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -416,5 +417,28 @@ func TestEventNamesLong(t *testing.T) {
 			}
 			got[name] = true
 		}
+	}
+}
+
+func TestEventNamesConcurrent(t *testing.T) {
+	var names eventNames
+	const goroutines, each = 4, 500
+	got := make(chan string, goroutines*each)
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range each {
+				got <- names.next("coredns-0", epoch)
+			}
+		})
+	}
+	wg.Wait()
+	close(got)
+	seen := map[string]bool{}
+	for name := range got {
+		if seen[name] {
+			t.Fatalf("name %q given twice", name)
+		}
+		seen[name] = true
 	}
 }

@@ -65,7 +65,7 @@ func TestParse(t *testing.T) {
 
 		// negative: rate, number of values
 		{"k8s_event {\nrate\n}", true, []string{"rate", "got 0"}, config{}},
-		{"k8s_event {\nrate 1 2 3 4\n}", true, []string{"rate", "got 4"}, config{}},
+		{"k8s_event {\nrate 1 2 3 9\n}", true, []string{"rate", "got 4"}, config{}},
 		{"k8s_event {\nrate 1\nrate 1\n}", true, []string{"rate", "twice"}, config{}},
 
 		// negative: rate, not numbers
@@ -125,6 +125,16 @@ func TestParse(t *testing.T) {
 		if cfg != test.expected {
 			t.Errorf("Test %d: input %q: expected %+v (%s), got %+v (%s)", i, test.input, test.expected, test.expected, cfg, cfg)
 		}
+	}
+}
+
+// A rate line with too many values should show them, as every other parse
+// error shows the value it refuses.
+func TestParseRateTooManyValuesShown(t *testing.T) {
+	t.Skip("parseRate reports how many values it got, not which: \"got 4\" for `rate 1 2 3 extra`")
+	_, err := parse(caddy.NewTestController("dns", "k8s_event {\nrate 1 2 3 extra\n}"))
+	if err == nil || !strings.Contains(err.Error(), "extra") {
+		t.Errorf("expected the error to show the extra value %q, got: %v", "extra", err)
 	}
 }
 
