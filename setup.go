@@ -123,7 +123,7 @@ func levelByName(name string) (level, bool) {
 
 func parseRate(c *caddy.Controller, args []string, cfg *config) error {
 	if len(args) == 0 || len(args) > 3 {
-		return c.Errf("rate takes 1 to 3 values: [QPS] [BURST] [CACHESIZE], got %d", len(args))
+		return c.Errf("rate takes 1 to 3 values, [QPS] [BURST] [CACHESIZE]: %q", strings.Join(args, " "))
 	}
 	qps, err := strconv.ParseFloat(args[0], 64)
 	if err != nil || math.IsNaN(qps) || math.IsInf(qps, 0) {
