@@ -64,8 +64,8 @@ func TestParse(t *testing.T) {
 		{"k8s_event {\nlevel error\nlevel warning\n}", true, []string{"level", "twice"}, config{}},
 
 		// negative: rate, number of values
-		{"k8s_event {\nrate\n}", true, []string{"rate", "got 0"}, config{}},
-		{"k8s_event {\nrate 1 2 3 9\n}", true, []string{"rate", "got 4"}, config{}},
+		{"k8s_event {\nrate\n}", true, []string{"rate", "rate takes 1 to 3 values"}, config{}},
+		{"k8s_event {\nrate 1 2 3 9\n}", true, []string{"rate", `"1 2 3 9"`}, config{}},
 		{"k8s_event {\nrate 1\nrate 1\n}", true, []string{"rate", "twice"}, config{}},
 
 		// negative: rate, not numbers
