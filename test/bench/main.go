@@ -55,6 +55,7 @@ type bench struct {
 	profile  string // directory for CPU profiles of CoreDNS, or ""
 
 	stormFile string
+	loadStart string // /proc/loadavg when the bench started
 	rows      []row
 	microRows []row // the go test -bench figures, last in the table
 	notes     []string
@@ -109,6 +110,7 @@ func (b *bench) run(ctx context.Context, micro, out, only string) (err error) {
 		}
 	}()
 	start := time.Now()
+	b.loadStart = loadAvg()
 	if b.coredns, err = filepath.Abs(b.coredns); err != nil {
 		return err
 	}
@@ -154,7 +156,7 @@ func (b *bench) run(ctx context.Context, micro, out, only string) (err error) {
 		if err := m.fn(ctx); err != nil {
 			return fmt.Errorf("%s: %w", m.name, err)
 		}
-		progress("   %s took %s", m.name, time.Since(t).Round(time.Second))
+		progress("   %s took %s; load average %s", m.name, time.Since(t).Round(time.Second), loadAvg())
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -193,6 +195,7 @@ func (b *bench) report(took time.Duration) string {
 	fmt.Fprintf(&s, "k8s_event benchmarks, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(&s, "machine: %d CPUs (nproc), %s, %s/%s, %s; bench took %s\n\n",
 		runtime.NumCPU(), cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.Version(), took.Round(time.Second))
+	fmt.Fprintf(&s, "load average (1, 5, 15 min): %s at the start, %s at the end\n\n", b.loadStart, loadAvg())
 	header := row{"metric", "A (k8s_event)", "B / value", "ratio", "bar", "result"}
 	rows := append(append([]row{header, {}}, b.rows...), b.microRows...)
 	width := make([]int, 6)
@@ -236,6 +239,20 @@ func cpuModel() string {
 		}
 	}
 	return "unknown CPU"
+}
+
+// loadAvg is the 1, 5 and 15 minute load averages, which tell how busy the
+// machine was besides the bench.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func median(xs []float64) float64 {
