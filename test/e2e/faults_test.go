@@ -263,15 +263,40 @@ func failureLines(c *coreDNS) []string {
 	return out
 }
 
-// setEventVerbs gives the ServiceAccount ns/sa exactly verbs on core/v1
-// events in ns through a Role and RoleBinding, and waits until the
-// authorizer agrees.
-func setEventVerbs(t *testing.T, ns, sa string, verbs ...string) {
+// readmeRulesWithout returns the rules that README.md grants, less verb.
+func readmeRulesWithout(t *testing.T, verb string) []rbacv1.PolicyRule {
+	t.Helper()
+	var out []rbacv1.PolicyRule
+	for _, r := range readmeRules(t) {
+		r := *r.DeepCopy()
+		r.Verbs = slices.DeleteFunc(r.Verbs, func(v string) bool { return v == verb })
+		if len(r.Verbs) > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// allows tells whether rules let verb core/v1 events.
+func allows(rules []rbacv1.PolicyRule, verb string) bool {
+	for _, r := range rules {
+		if slices.Contains(r.APIGroups, "") && slices.Contains(r.Resources, "events") &&
+			(slices.Contains(r.Verbs, verb) || slices.Contains(r.Verbs, "*")) {
+			return true
+		}
+	}
+	return false
+}
+
+// setEventRules gives the ServiceAccount ns/sa exactly rules in ns through a
+// Role and RoleBinding, and waits until the authorizer agrees on create and
+// patch of events.
+func setEventRules(t *testing.T, ns, sa string, rules []rbacv1.PolicyRule) {
 	t.Helper()
 	ctx := t.Context()
 	role := &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: "coredns-events", Namespace: ns},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: verbs}},
+		Rules:      rules,
 	}
 	roles := kube.Clientset.RbacV1().Roles(ns)
 	if _, err := roles.Create(ctx, role, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
@@ -290,7 +315,7 @@ func setEventVerbs(t *testing.T, ns, sa string, verbs ...string) {
 		t.Fatal(err)
 	}
 	for _, verb := range []string{"create", "patch"} {
-		want := slices.Contains(verbs, verb)
+		want := allows(rules, verb)
 		waitFor(t, 10*time.Second, fmt.Sprintf("%s on events allowed=%v", verb, want), func() bool {
 			return canI(t, ns, sa, verb) == want
 		})
@@ -449,7 +474,7 @@ func TestForbidden(t *testing.T) {
 	total, pending, _ := accounted(t, c, "warning")
 	t.Logf("lines_total=%v: pending_lines=%v, dropped{rejected}=%v", total, pending, rejected)
 
-	setEventVerbs(t, pod.Namespace, sa, "create", "patch")
+	setEventRules(t, pod.Namespace, sa, readmeRules(t))
 	const fresh = "written once allowed"
 	c.logLine("warning", 3, fresh)
 	waitEvents(t, pod, "the line logged once allowed", func(evs []corev1.Event) bool {
@@ -781,7 +806,10 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	rememberToken(t, kc)
-	setEventVerbs(t, ns, sa, "create", "patch")
+	if !allows(readmeRules(t), "create") || !allows(readmeRules(t), "patch") {
+		t.Fatalf("README.md does not grant create and patch on events: %v", readmeRules(t))
+	}
+	setEventRules(t, ns, sa, readmeRules(t))
 	c := startFaults(t, pod, faultsCorefile, withKubeconfig(kc))
 
 	const repeated, fresh = "created, then patched", "a new line"
@@ -798,7 +826,7 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 
 	t.Run("without create", func(t *testing.T) {
-		setEventVerbs(t, ns, sa, "patch")
+		setEventRules(t, ns, sa, readmeRulesWithout(t, "create"))
 		f := c.metric(errors403)
 		const refused = "a new line without create"
 		c.logLine("warning", 1, refused)
@@ -813,7 +841,7 @@ func TestLeastPrivilege(t *testing.T) {
 	})
 
 	t.Run("without patch", func(t *testing.T) {
-		setEventVerbs(t, ns, sa, "create")
+		setEventRules(t, ns, sa, readmeRulesWithout(t, "patch"))
 		const created = "created without patch"
 		c.logLine("warning", 1, created)
 		want["plugin/logline: "+created] = 1
