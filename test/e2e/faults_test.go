@@ -405,6 +405,13 @@ func TestAPIUnreachable(t *testing.T) {
 		return len(evs) == len(want) && counts(evs, want)
 	})
 	t.Logf("events:\n%s", describe(evs))
+
+	// Both outages within seconds: said once, with the promise to retry.
+	lines := failureLines(c)
+	t.Logf("failure lines:\n%s", strings.Join(lines, "\n"))
+	if len(lines) != 1 || !strings.HasSuffix(lines[0], ": will retry") {
+		t.Errorf("%d failure lines, want one that ends in %q", len(lines), ": will retry")
+	}
 }
 
 // TestForbidden runs CoreDNS as a ServiceAccount that may not write events:
