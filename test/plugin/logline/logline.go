@@ -41,8 +41,12 @@ func setup(c *caddy.Controller) error {
 	}
 	if len(args) == 1 {
 		srv := &server{addr: args[0]}
+		// As the health plugin does: the new instance starts up before the
+		// old one shuts down, so the port is freed before a reload.
 		c.OnStartup(srv.start)
-		c.OnShutdown(srv.stop)
+		c.OnRestart(srv.stop)
+		c.OnRestartFailed(srv.start)
+		c.OnFinalShutdown(srv.stop)
 	}
 	dnsserver.GetConfig(c).AddPlugin(func(next plugin.Handler) plugin.Handler { return handler{next} })
 	return nil
