@@ -157,8 +157,12 @@ func (p *pipeline) newEvent(ref corev1.ObjectReference, name string, l level, e 
 
 func clampCount(n int64) int32 { return int32(min(n, math.MaxInt32)) }
 
-// errGone says the event to patch no longer exists.
-var errGone = errors.New("event gone")
+// errGone says the event to patch no longer exists; errExists says that a
+// create whose outcome was unknown had in fact been applied.
+var (
+	errGone   = errors.New("event gone")
+	errExists = errors.New("event exists")
+)
 
 // write creates the event, or patches its count, last time and message.
 func (p *pipeline) write(key eventKey, e entry) (name, verb string, err error) {
@@ -178,8 +182,14 @@ func (p *pipeline) write(key eventKey, e entry) (name, verb string, err error) {
 		}
 		return e.name, "patch", err
 	}
-	name = p.names.next(p.pod.ref.Name, p.clock.Now())
+	name = e.tried
+	if name == "" {
+		name = p.names.next(p.pod.ref.Name, p.clock.Now())
+	}
 	_, err = events.Create(ctx, p.newEvent(p.reference(ctx), name, key.level, e), metav1.CreateOptions{})
+	if e.tried != "" && apierrors.IsAlreadyExists(err) {
+		err = errExists
+	}
 	return name, "create", err
 }
 
@@ -210,6 +220,7 @@ type writeOutcome int
 const (
 	writeOK       writeOutcome = iota
 	writeGone                  // patch target missing: create anew
+	writeExists                // an earlier create was applied: patch it
 	writeRejected              // the API refused for good: 4xx other than 408/409/429
 	writeRetry                 // the API may take it later: 5xx, 408, 409, 429
 	writeUnsent                // no answer from the API: transport error or time-out
@@ -223,6 +234,10 @@ func classify(err error) writeOutcome {
 	if errors.Is(err, errGone) {
 		apiErrors.WithLabelValues("404").Inc()
 		return writeGone
+	}
+	if errors.Is(err, errExists) {
+		apiErrors.WithLabelValues("409").Inc()
+		return writeExists
 	}
 	var status apierrors.APIStatus
 	if !errors.As(err, &status) || status.Status().Code == 0 {

@@ -52,6 +52,7 @@ type entry struct {
 	count       int64  // lines seen
 	written     int64  // lines carried by successful writes, or given up
 	name        string // the Event object's name once created
+	tried       string // the name of a create whose outcome is unknown
 	first, last time.Time
 	retryAt     time.Time // no attempt before this
 	inflight    bool
@@ -269,11 +270,14 @@ func (p *pipeline) sync(key eventKey) {
 	switch outcome := classify(err); outcome {
 	case writeOK:
 		pendingLines.Sub(float64(snap.count - snap.written))
-		e.written, e.name = snap.count, name
+		e.written, e.name, e.tried = snap.count, name, ""
 		eventWrites.WithLabelValues(key.level.reason(), verb).Inc()
 		p.backoff.Forget(key)
 	case writeGone:
 		e.name = "" // the event expired or was deleted: create it anew
+	case writeExists:
+		// A create that timed out had reached the API: patch that event.
+		e.name, e.tried = name, ""
 	case writeRejected:
 		p.give(e, dropRejected)
 		e.retryAt = now.Add(rejectPause)
@@ -281,6 +285,9 @@ func (p *pipeline) sync(key eventKey) {
 	default:
 		if outcome == writeUnsent {
 			r.CancelAt(now) // the API never saw it: give the token back
+		}
+		if verb == "create" {
+			e.tried = name // it may have been applied: retry under the same name
 		}
 		e.retryAt = now.Add(p.backoff.When(key))
 		p.reporter.report(now, err, p.pod.eventNamespace())

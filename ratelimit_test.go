@@ -1,7 +1,9 @@
 package k8s_event
 
 import (
+	"context"
 	"fmt"
+	"k8s.io/apimachinery/pkg/runtime"
 	"strings"
 	"testing"
 	"time"
@@ -245,5 +247,32 @@ func TestFatalIsWrittenBeforeReturning(t *testing.T) {
 	ev := only(t, events(t, client))
 	if ev.Reason != "CoreDNSFatal" || ev.Type != "Warning" || ev.Message != "plugin/reload: cannot go on" || ev.Count != 1 {
 		t.Errorf("fatal event %+v", ev)
+	}
+}
+
+// TestCreateTimedOutButApplied: the API server applied a create whose answer
+// never came; the retry must find that event, not make a second one.
+func TestCreateTimedOutButApplied(t *testing.T) {
+	p, client, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	failed := false
+	client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if failed {
+			return false, nil, nil
+		}
+		failed = true
+		ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
+		if err := client.Tracker().Create(corev1.SchemeGroupVersion.WithResource("events"), ev, ev.Namespace); err != nil {
+			t.Fatal(err)
+		}
+		return true, nil, context.DeadlineExceeded
+	})
+	p.observe(ln(levelError, "errors", "slow", clk.Now()))
+	drain(p)
+	p.observe(ln(levelError, "errors", "slow", clk.Now()))
+	clk.Step(retryMax * 2)
+	waitQueued(t, p)
+	drain(p)
+	if ev := only(t, events(t, client)); ev.Count != 2 {
+		t.Errorf("count %d, want 2", ev.Count)
 	}
 }
