@@ -8,10 +8,12 @@ import (
 	"time"
 
 	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"github.com/go-logr/logr"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"golang.org/x/time/rate"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 )
 
@@ -108,7 +110,10 @@ func newPipeline(cfg config, client kubernetes.Interface, pod podRef, clk clock.
 		queue:          workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[eventKey]{Clock: clk}),
 		correlatorDone: make(chan struct{}),
 	}
-	p.ctx, p.cancel = context.WithCancel(context.Background())
+	// client-go logs about a request through the logger of its context; a
+	// discarding one keeps those lines from reaching a plugin logger (the
+	// kubernetes plugin routes klog into its own) and so from becoming events.
+	p.ctx, p.cancel = context.WithCancel(klog.NewContext(context.Background(), logr.Discard()))
 	p.cache, _ = simplelru.NewLRU[eventKey, *entry](cfg.cacheSize, p.evicted)
 	now := clk.Now()
 	for l := range p.buckets {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
 	"strings"
 	"testing"
 	"time"
@@ -274,5 +275,14 @@ func TestCreateTimedOutButApplied(t *testing.T) {
 	drain(p)
 	if ev := only(t, events(t, client)); ev.Count != 2 {
 		t.Errorf("count %d, want 2", ev.Count)
+	}
+}
+
+// TestRequestsLogNowhere: client-go logs about a request through its
+// context's logger; a line it logged could come back as an event.
+func TestRequestsLogNowhere(t *testing.T) {
+	p, _, _ := newTestPipeline(t, testConfig(all, 1, 1, 1))
+	if sink := klog.FromContext(p.ctx).GetSink(); sink != nil {
+		t.Errorf("requests log through %T", sink)
 	}
 }
