@@ -12,7 +12,7 @@ FUZZTIME ?= 60s
 # building them first when they are missing.
 with_tools = tools_env=$$(hack/tools.sh env); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build tools test test-unit test-e2e demo bench fuzz clean
+.PHONY: all build build-check tools test test-unit test-e2e demo bench fuzz clean
 
 all: build
 
@@ -22,7 +22,12 @@ build:
 tools:
 	hack/tools.sh install
 
-test: tools test-unit test-e2e
+test: tools test-unit build-check test-e2e
+
+# build-check builds the CoreDNS of cmd/coredns and checks that it has both plugins.
+build-check: build
+	bin/coredns -plugins | grep -qx k8s_event
+	bin/coredns -plugins | grep -qx kubeapi
 
 test-unit:
 	$(GO) test -race -count=1 ./...
