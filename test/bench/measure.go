@@ -99,6 +99,18 @@ func (b *bench) throughput(ctx context.Context) error {
 		bar:    "A/B >= 0.97",
 		result: passFail(ratio >= 0.97),
 	})
+	var qpsRatios, cpuRatios []float64
+	for i := range qps[0] {
+		qpsRatios = append(qpsRatios, qps[0][i]/qps[1][i])
+		cpuRatios = append(cpuRatios, cpu[0][i]/cpu[1][i])
+	}
+	b.add(row{
+		metric: fmt.Sprintf("DNS QPS A/B of each pair (median of %d pairs)", b.runs),
+		a:      "",
+		b:      "",
+		ratio:  fmt.Sprintf("%.3f", median(qpsRatios)),
+		bar:    "(report)",
+	})
 	ca, cb := median(cpu[0]), median(cpu[1])
 	b.add(row{
 		metric: "CoreDNS CPU per query in those runs (us, median)",
@@ -109,9 +121,10 @@ func (b *bench) throughput(ctx context.Context) error {
 	})
 	var pairs []string
 	for i := range qps[0] {
-		pairs = append(pairs, fmt.Sprintf("%.0f/%.0f", qps[0][i], qps[1][i]))
+		pairs = append(pairs, fmt.Sprintf("%.0f/%.0f qps, %.1f/%.1f us", qps[0][i], qps[1][i], cpu[0][i], cpu[1][i]))
 	}
-	b.note("Throughput runs in order (A/B QPS): %s; queries lost: A %d, B %d.", strings.Join(pairs, ", "), lost[0], lost[1])
+	b.note("Throughput pairs in order (A/B): %s; queries lost: A %d, B %d; median of the per-pair CPU ratios %.3f.",
+		strings.Join(pairs, "; "), lost[0], lost[1], median(cpuRatios))
 	return nil
 }
 
