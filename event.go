@@ -170,6 +170,9 @@ func (p *pipeline) write(key eventKey, e entry) (name, verb string, err error) {
 	defer cancel()
 	client := *p.client.Load()
 	events := client.CoreV1().Events(p.pod.eventNamespace())
+	if key.combined() {
+		e.message = eventMessage(combinedPrefix + e.message)
+	}
 	if e.name != "" {
 		patch, _ := json.Marshal(map[string]any{
 			"count":         clampCount(e.count),
@@ -198,7 +201,7 @@ func (p *pipeline) write(key eventKey, e entry) (name, verb string, err error) {
 func (p *pipeline) writeFatal(ln line) {
 	now := p.clock.Now()
 	if !p.buckets[levelFatal].AllowN(now, 1) {
-		throttledTotal.WithLabelValues(levelFatal.reason()).Inc()
+		throttled[levelFatal].Inc()
 		droppedVec.WithLabelValues(dropShutdown).Inc()
 		return
 	}

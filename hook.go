@@ -71,10 +71,18 @@ type line struct {
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 // capture is the listener's only work. It runs inside whatever goroutine
-// logged, often a DNS query: it tests a bit, formats, and hands off without
-// blocking. It takes no lock, does no I/O and never logs.
+// logged, often a DNS query. A line at a level that is off costs a bit test:
+// capture is small enough to be inlined into each listener method.
 func (p *pipeline) capture(l level, plugin string, format string, formatted bool, v []any) {
-	if !levelSet(p.levels.Load()).has(l) || plugin == ownPrefix {
+	if levelSet(p.levels.Load()).has(l) {
+		p.take(l, plugin, format, formatted, v)
+	}
+}
+
+// take formats a line and hands it off without blocking. It takes no lock,
+// does no I/O and never logs.
+func (p *pipeline) take(l level, plugin string, format string, formatted bool, v []any) {
+	if plugin == ownPrefix {
 		return
 	}
 	bp := bufPool.Get().(*[]byte)

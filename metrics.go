@@ -71,11 +71,15 @@ var (
 // Counters resolved once, so that the listener pays one atomic add.
 var (
 	linesTotal       [numLevels]prometheus.Counter
+	aggregated       [numLevels]prometheus.Counter
+	throttled        [numLevels]prometheus.Counter
 	droppedQueueFull = droppedVec.WithLabelValues(dropQueueFull)
 )
 
 func init() {
 	for l := level(0); l < numLevels; l++ {
 		linesTotal[l] = linesVec.WithLabelValues(l.String())
+		aggregated[l] = aggregatedTotal.WithLabelValues(l.String())
+		throttled[l] = throttledTotal.WithLabelValues(l.reason())
 	}
 }

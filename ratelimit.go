@@ -50,13 +50,14 @@ func (k eventKey) combined() bool { return k.message == "" }
 
 // entry is what the correlator knows of one event.
 type entry struct {
-	message     string // latest message
+	message     string // latest message; a combined event adds combinedPrefix when written
 	count       int64  // lines seen
 	written     int64  // lines carried by successful writes, or given up
 	name        string // the Event object's name once created
 	tried       string // the name of a create whose outcome is unknown
 	first, last time.Time
 	retryAt     time.Time // no attempt before this
+	queued      bool      // in the work queue, due now or later
 	inflight    bool
 	evicted     bool
 }
@@ -157,7 +158,8 @@ func (p *pipeline) correlate() {
 	}
 }
 
-// observe folds one line into its entry and marks the entry for writing.
+// observe folds one line into its entry and, unless it is queued already,
+// queues the entry for writing.
 func (p *pipeline) observe(ln line) {
 	msg := eventMessage(ln.text)
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
@@ -165,9 +167,8 @@ func (p *pipeline) observe(ln line) {
 	p.mu.Lock()
 	e, ok := p.cache.Get(key)
 	if !ok && p.tooManyDistinct(ln) {
-		aggregatedTotal.WithLabelValues(ln.level.String()).Inc()
+		aggregated[ln.level].Inc()
 		key.message = ""
-		msg = eventMessage(combinedPrefix + ln.text)
 		e, ok = p.cache.Get(key)
 	}
 	if !ok {
@@ -179,10 +180,14 @@ func (p *pipeline) observe(ln line) {
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
+	add := !e.queued
+	e.queued = true
 	pendingLines.Inc()
 	p.mu.Unlock()
 
-	p.queue.Add(key)
+	if add {
+		p.queue.Add(key)
+	}
 }
 
 // combinedPrefix marks the message of a combined event, as client-go does.
@@ -241,12 +246,18 @@ func (p *pipeline) sync(key eventKey) {
 	flushing := p.flushing.Load()
 	p.mu.Lock()
 	e, ok := p.cache.Peek(key)
-	if !ok || e.inflight || e.count == e.written {
+	if !ok || e.inflight {
+		p.mu.Unlock()
+		return
+	}
+	e.queued = false
+	if e.count == e.written {
 		p.mu.Unlock()
 		return
 	}
 	now := p.clock.Now()
 	if wait := e.retryAt.Sub(now); wait > 0 && !flushing {
+		e.queued = true
 		p.mu.Unlock()
 		p.queue.AddAfter(key, wait)
 		return
@@ -255,8 +266,9 @@ func (p *pipeline) sync(key eventKey) {
 	r := bucket.ReserveN(now, 1)
 	if wait := r.DelayFrom(now); wait > 0 || !r.OK() {
 		r.CancelAt(now)
+		e.queued = !flushing
 		p.mu.Unlock()
-		throttledTotal.WithLabelValues(key.level.reason()).Inc()
+		throttled[key.level].Inc()
 		if !flushing {
 			p.queue.AddAfter(key, wait)
 		}
@@ -302,6 +314,7 @@ func (p *pipeline) sync(key eventKey) {
 		return
 	}
 	if e.count > e.written && !flushing {
+		e.queued = true
 		p.queue.Add(key)
 	}
 }
