@@ -77,7 +77,7 @@ func (r podRef) eventNamespace() string {
 // bytes, no trailing newline, at most maxMessageBytes, cut on a rune boundary
 // with a visible marker.
 func eventMessage(s string) string {
-	s = strings.TrimRight(s, "\n")
+	s = strings.TrimRight(s, "\r\n")
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}

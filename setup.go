@@ -126,7 +126,7 @@ func parseRate(c *caddy.Controller, args []string, cfg *config) error {
 		return c.Errf("rate takes 1 to 3 values, [QPS] [BURST] [CACHESIZE]: %q", strings.Join(args, " "))
 	}
 	qps, err := strconv.ParseFloat(args[0], 64)
-	if err != nil || math.IsNaN(qps) || math.IsInf(qps, 0) {
+	if err != nil || math.IsNaN(qps) || math.IsInf(qps, 0) || strings.ContainsAny(args[0], "_xXpP") {
 		return c.Errf("rate QPS must be a number: %q", args[0])
 	}
 	if qps <= 0 || qps > maxQPS {

@@ -70,6 +70,8 @@ func TestParse(t *testing.T) {
 
 		// negative: rate, not numbers
 		{"k8s_event {\nrate abc\n}", true, []string{"rate QPS", `"abc"`}, config{}},
+		{"k8s_event {\nrate 1_000\n}", true, []string{"rate QPS", `"1_000"`}, config{}},
+		{"k8s_event {\nrate 0x1p-2\n}", true, []string{"rate QPS", `"0x1p-2"`}, config{}},
 		{"k8s_event {\nrate 1 x\n}", true, []string{"rate BURST", `"x"`}, config{}},
 		{"k8s_event {\nrate 1 2 y\n}", true, []string{"rate CACHESIZE", `"y"`}, config{}},
 		{"k8s_event {\nrate NaN\n}", true, []string{"rate QPS", `"NaN"`}, config{}},
