@@ -195,6 +195,7 @@ func (b *bench) report(took time.Duration) string {
 	fmt.Fprintf(&s, "k8s_event benchmarks, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(&s, "machine: %d CPUs (nproc), %s, %s/%s, %s; bench took %s\n\n",
 		runtime.NumCPU(), cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.Version(), took.Round(time.Second))
+	fmt.Fprintf(&s, "source: %s\n\n", gitDescribe())
 	fmt.Fprintf(&s, "load average (1, 5, 15 min): %s at the start, %s at the end\n\n", b.loadStart, loadAvg())
 	header := row{"metric", "A (k8s_event)", "B / value", "ratio", "bar", "result"}
 	rows := append(append([]row{header, {}}, b.rows...), b.microRows...)
@@ -239,6 +240,16 @@ func cpuModel() string {
 		}
 	}
 	return "unknown CPU"
+}
+
+// gitDescribe names the commit that was measured; -dirty when tracked files
+// had changes.
+func gitDescribe() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return "unknown (not a git checkout)"
+	}
+	return "git " + strings.TrimSpace(string(out))
 }
 
 // loadAvg is the 1, 5 and 15 minute load averages, which tell how busy the
