@@ -56,6 +56,7 @@ type bench struct {
 
 	stormFile string
 	loadStart string // /proc/loadavg when the bench started
+	source    string // the commit measured
 	rows      []row
 	microRows []row // the go test -bench figures, last in the table
 	notes     []string
@@ -111,6 +112,7 @@ func (b *bench) run(ctx context.Context, micro, out, only string) (err error) {
 	}()
 	start := time.Now()
 	b.loadStart = loadAvg()
+	b.source = gitDescribe() // right after make built CoreDNS from the tree
 	if b.coredns, err = filepath.Abs(b.coredns); err != nil {
 		return err
 	}
@@ -195,7 +197,7 @@ func (b *bench) report(took time.Duration) string {
 	fmt.Fprintf(&s, "k8s_event benchmarks, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(&s, "machine: %d CPUs (nproc), %s, %s/%s, %s; bench took %s\n\n",
 		runtime.NumCPU(), cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.Version(), took.Round(time.Second))
-	fmt.Fprintf(&s, "source: %s\n\n", gitDescribe())
+	fmt.Fprintf(&s, "source: %s\n\n", b.source)
 	fmt.Fprintf(&s, "load average (1, 5, 15 min): %s at the start, %s at the end\n\n", b.loadStart, loadAvg())
 	header := row{"metric", "A (k8s_event)", "B / value", "ratio", "bar", "result"}
 	rows := append(append([]row{header, {}}, b.rows...), b.microRows...)
