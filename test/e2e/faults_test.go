@@ -132,24 +132,6 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// waitEventsFor is waitEvents with a deadline of its own.
-func waitEventsFor(t *testing.T, pod *corev1.Pod, d time.Duration, what string, done func([]corev1.Event) bool) []corev1.Event {
-	t.Helper()
-	var last []corev1.Event
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, d, true, func(ctx context.Context) (bool, error) {
-		evs, err := events(ctx, pod)
-		if err != nil {
-			return false, err
-		}
-		last = evs
-		return done(evs), nil
-	})
-	if err != nil {
-		t.Fatalf("waiting %v for %s: %v; events:\n%s", d, what, err, describe(last))
-	}
-	return last
-}
-
 // counts tells whether evs has exactly one event per message of want, with
 // the count that want gives.
 func counts(evs []corev1.Event, want map[string]int32) bool {

@@ -366,9 +366,15 @@ func events(ctx context.Context, pod *corev1.Pod) ([]corev1.Event, error) {
 // them. On timeout it fails the test and shows the events it saw last.
 func waitEvents(t *testing.T, pod *corev1.Pod, what string, done func([]corev1.Event) bool) []corev1.Event {
 	t.Helper()
+	return waitEventsFor(t, pod, timeout, what, done)
+}
+
+// waitEventsFor is waitEvents with a deadline of its own.
+func waitEventsFor(t *testing.T, pod *corev1.Pod, d time.Duration, what string, done func([]corev1.Event) bool) []corev1.Event {
+	t.Helper()
 	var last []corev1.Event
 	var listErr error
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, d, true, func(ctx context.Context) (bool, error) {
 		evs, err := events(ctx, pod)
 		if err != nil {
 			listErr = err
@@ -378,7 +384,7 @@ func waitEvents(t *testing.T, pod *corev1.Pod, what string, done func([]corev1.E
 		return done(evs), nil
 	})
 	if err != nil {
-		t.Fatalf("waiting for %s: %v (last list error: %v); events:\n%s", what, err, listErr, describe(last))
+		t.Fatalf("waiting %v for %s: %v (last list error: %v); events:\n%s", d, what, err, listErr, describe(last))
 	}
 	return last
 }
