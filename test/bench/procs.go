@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dnsops/k8s_event/test/plugin/logline"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -207,10 +208,7 @@ func (c *coreDNS) cpuProfile(ctx context.Context, d time.Duration, path string) 
 
 // logLine makes CoreDNS log body once at level through logline.
 func (c *coreDNS) logLine(ctx context.Context, level, body string) error {
-	u := url.URL{Scheme: "http", Host: c.logline, Path: "/log",
-		RawQuery: url.Values{"level": {level}, "count": {"1"}}.Encode()}
-	_, err := httpDo(ctx, http.MethodPost, u.String(), body)
-	return err
+	return logline.Post(ctx, c.logline, level, 1, body)
 }
 
 // rss is the resident set size of the process, from /proc/PID/status.

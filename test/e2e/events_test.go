@@ -9,6 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/dnsops/k8s_event/test/plugin/logline"
+
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -311,7 +313,7 @@ func TestFatal(t *testing.T) {
 	c := startCoreDNS(t, pod, strings.Replace(levelsCorefile, "k8s_event\n", "k8s_event {\n        level warning error fatal\n    }\n", 1))
 	const line = "the end is near"
 	// CoreDNS exits while it logs: the request gets no answer.
-	_ = postLog(t.Context(), c.Logline, "fatal", 1, line)
+	_ = logline.Post(t.Context(), c.Logline, "fatal", 1, line)
 	if err := c.Wait(timeout); err == nil || c.ExitCode() != 1 {
 		t.Fatalf("after a fatal line: exit code %d (%v), want 1", c.ExitCode(), err)
 	}

@@ -15,7 +15,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +24,8 @@ import (
 	"text/template"
 	"time"
 	"unicode"
+
+	"github.com/dnsops/k8s_event/test/plugin/logline"
 
 	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
@@ -277,27 +278,9 @@ func (c *coreDNS) fail(name string) {
 // logLine makes CoreDNS log body count times at level through logline.
 func (c *coreDNS) logLine(level string, count int, body string) {
 	c.t.Helper()
-	if err := postLog(c.t.Context(), c.Logline, level, count, body); err != nil {
+	if err := logline.Post(c.t.Context(), c.Logline, level, count, body); err != nil {
 		c.t.Fatal(err)
 	}
-}
-
-func postLog(ctx context.Context, addr, level string, count int, body string) error {
-	u := url.URL{Scheme: "http", Host: addr, Path: "/log",
-		RawQuery: url.Values{"level": {level}, "count": {strconv.Itoa(count)}}.Encode()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), strings.NewReader(body))
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("POST %s: %s", u.String(), resp.Status)
-	}
-	return nil
 }
 
 // cleanup stops CoreDNS and fails the test when it raced or panicked. On

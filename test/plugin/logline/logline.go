@@ -11,9 +11,11 @@ package logline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -123,4 +125,23 @@ func serveLog(w http.ResponseWriter, r *http.Request) {
 		logf(msg)
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// Post asks the logline server at addr to log body count times at level.
+func Post(ctx context.Context, addr, level string, count int, body string) error {
+	u := url.URL{Scheme: "http", Host: addr, Path: "/log",
+		RawQuery: url.Values{"level": {level}, "count": {strconv.Itoa(count)}}.Encode()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST %s: %s", u.String(), resp.Status)
+	}
+	return nil
 }

@@ -17,8 +17,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -26,6 +24,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dnsops/k8s_event/test/plugin/logline"
 
 	"github.com/miekg/dns"
 	"golang.org/x/term"
@@ -127,7 +127,7 @@ func run(ctx context.Context, corednsBin string) error {
 		}
 		fmt.Printf("  %-20s %s\n", name, dns.RcodeToString[r.Rcode])
 	}
-	if err := postWarning(ctx, loglineAddr, "upstream 192.0.2.53:53 is slow: 100% of queries over 2s"); err != nil {
+	if err := logline.Post(ctx, loglineAddr, "warning", 1, "upstream 192.0.2.53:53 is slow: 100% of queries over 2s"); err != nil {
 		return err
 	}
 
@@ -203,23 +203,6 @@ func waitListening(ctx context.Context, p *cluster.Process, addr string) error {
 	})
 	if err != nil {
 		return fmt.Errorf("coredns did not start: %w\n%s", err, p.LogTail(30))
-	}
-	return nil
-}
-
-func postWarning(ctx context.Context, addr, line string) error {
-	u := "http://" + addr + "/log?" + url.Values{"level": {"warning"}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(line))
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("POST %s: %s", u, resp.Status)
 	}
 	return nil
 }
