@@ -222,11 +222,14 @@ func (p *pipeline) evicted(_ eventKey, e *entry) {
 
 // give gives up the unwritten lines of e, counting them under reason.
 // Called with p.mu held.
-func (p *pipeline) give(e *entry, reason string) {
-	if n := e.count - e.written; n > 0 {
+func (p *pipeline) give(e *entry, reason string) { p.giveUpTo(e, e.count, reason) }
+
+// giveUpTo gives up the unwritten lines of e up to its count upTo.
+func (p *pipeline) giveUpTo(e *entry, upTo int64, reason string) {
+	if n := upTo - e.written; n > 0 {
 		droppedVec.WithLabelValues(reason).Add(float64(n))
 		pendingLines.Sub(float64(n))
-		e.written = e.count
+		e.written = upTo
 	}
 }
 
@@ -296,7 +299,8 @@ func (p *pipeline) sync(key eventKey) {
 		// A create that timed out had reached the API: patch that event.
 		e.name, e.tried = name, ""
 	case writeRejected:
-		p.give(e, dropRejected)
+		// Lines that came during the write are kept for the next try.
+		p.giveUpTo(e, snap.count, dropRejected)
 		e.retryAt = now.Add(rejectPause)
 		p.reporter.report(now, err, p.pod.eventNamespace())
 	default:
