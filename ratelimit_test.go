@@ -2,12 +2,16 @@ package k8s_event
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/klog/v2"
 	"strings"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -284,5 +288,61 @@ func TestRequestsLogNowhere(t *testing.T) {
 	p, _, _ := newTestPipeline(t, testConfig(all, 1, 1, 1))
 	if sink := klog.FromContext(p.ctx).GetSink(); sink != nil {
 		t.Errorf("requests log through %T", sink)
+	}
+}
+
+func TestForbiddenIsCountedAndPaused(t *testing.T) {
+	p, client, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	forbid := true
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if !forbid {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewForbidden(corev1.Resource("events"), "", errors.New("no RBAC"))
+	})
+	before := testutil.ToFloat64(droppedVec.WithLabelValues(dropRejected))
+	for range 3 {
+		p.observe(ln(levelError, "errors", "denied", clk.Now()))
+	}
+	drain(p)
+	if got := testutil.ToFloat64(droppedVec.WithLabelValues(dropRejected)) - before; got != 3 {
+		t.Errorf("dropped{rejected} rose by %v, want 3", got)
+	}
+	attempts := func() int { c, _ := writes(client); return c }
+	p.observe(ln(levelError, "errors", "denied", clk.Now()))
+	drain(p)
+	if n := attempts(); n != 1 {
+		t.Fatalf("%d create attempts right after a 403, want 1: the key must pause", n)
+	}
+	forbid = false // RBAC fixed
+	clk.Step(rejectPause)
+	waitQueued(t, p)
+	drain(p)
+	if ev := only(t, events(t, client)); ev.Count != 4 {
+		t.Errorf("count %d after RBAC was fixed, want 4 (every line ever seen)", ev.Count)
+	}
+}
+
+func TestTooManyRequestsIsRetried(t *testing.T) {
+	p, client, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	refusals := 2
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if refusals == 0 {
+			return false, nil, nil
+		}
+		refusals--
+		return true, nil, apierrors.NewTooManyRequests("slow down", 0)
+	})
+	for range 5 {
+		p.observe(ln(levelWarning, "forward", "busy", clk.Now()))
+	}
+	drain(p)
+	for len(events(t, client)) == 0 {
+		clk.Step(retryMax + retryMax/5 + time.Second) // past any backoff with its jitter
+		waitQueued(t, p)
+		drain(p)
+	}
+	if ev := only(t, events(t, client)); ev.Count != 5 {
+		t.Errorf("count %d, want 5", ev.Count)
 	}
 }
