@@ -162,7 +162,9 @@ func (c *coreDNS) stop(b *bench) {
 
 // scrape reads CoreDNS's /metrics.
 func (c *coreDNS) scrape(ctx context.Context) (metrics, error) {
-	body, err := httpDo(ctx, http.MethodGet, "http://"+c.metrics+"/metrics", "")
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	body, err := cluster.HTTPGet(ctx, "http://"+c.metrics+"/metrics")
 	if err != nil {
 		return nil, err
 	}
@@ -226,28 +228,6 @@ func (c *coreDNS) rss() (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", c.Pid())
-}
-
-func httpDo(ctx context.Context, method, u, body string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, u, strings.NewReader(body))
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, b)
-	}
-	return string(b), nil
 }
 
 func freeAddr() (string, error) {

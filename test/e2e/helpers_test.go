@@ -12,9 +12,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -318,20 +316,11 @@ func tail(s string, n int) string {
 // metrics returns what the prometheus plugin exports.
 func (c *coreDNS) metrics() string {
 	c.t.Helper()
-	req, err := http.NewRequestWithContext(c.t.Context(), http.MethodGet, "http://"+c.Metrics+"/metrics", nil)
+	body, err := cluster.HTTPGet(c.t.Context(), "http://"+c.Metrics+"/metrics")
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return string(b)
+	return body
 }
 
 // events lists the events whose involved object is pod.

@@ -221,7 +221,7 @@ func (c *Cluster) startEtcd(ctx context.Context, bin string) (string, error) {
 		return "", err
 	}
 	err = c.poll(ctx, c.etcd, func(ctx context.Context) error {
-		body, err := httpGet(ctx, clientURL+"/health")
+		body, err := HTTPGet(ctx, clientURL+"/health")
 		if err == nil && !strings.Contains(body, `"health":"true"`) {
 			err = fmt.Errorf("etcd /health: %s", body)
 		}
@@ -386,7 +386,8 @@ func (c *Cluster) MetricsText(ctx context.Context) (string, error) {
 	return string(b), err
 }
 
-func httpGet(ctx context.Context, url string) (string, error) {
+// HTTPGet returns the body of url, or an error when the status is not 200.
+func HTTPGet(ctx context.Context, url string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return "", err
@@ -397,5 +398,8 @@ func httpGet(ctx context.Context, url string) (string, error) {
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
 	return string(body), err
 }
