@@ -33,11 +33,10 @@ const flushTimeout = 5 * time.Second
 // instance is the k8s_event state of one caddy instance (one Corefile): the
 // merged settings of its server blocks and the API client of the first one.
 type instance struct {
-	mu      sync.Mutex
-	cfg     config
-	rateSet bool
-	blocks  []*dnsserver.Config
-	client  kubernetes.Interface
+	mu     sync.Mutex
+	cfg    config
+	blocks []*dnsserver.Config
+	client kubernetes.Interface
 }
 
 type instanceKey struct{}
@@ -66,15 +65,13 @@ func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, 
 	switch {
 	case first:
 		inst.cfg = cfg
-		inst.rateSet = cfg.rateSet
-	case cfg.rateSet && inst.rateSet && !sameRate(cfg, inst.cfg):
+	case cfg.rateSet && inst.cfg.rateSet && !sameRate(cfg, inst.cfg):
 		return nil, fmt.Errorf("rate %g %d %d conflicts with rate %g %d %d of another server block: the rate is process-wide",
 			cfg.qps, cfg.burst, cfg.cacheSize, inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize)
 	default:
 		inst.cfg.levels |= cfg.levels
-		if cfg.rateSet && !inst.rateSet {
-			inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize = cfg.qps, cfg.burst, cfg.cacheSize
-			inst.rateSet = true
+		if cfg.rateSet && !inst.cfg.rateSet {
+			inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize, inst.cfg.rateSet = cfg.qps, cfg.burst, cfg.cacheSize, true
 		}
 	}
 	inst.blocks = append(inst.blocks, block)

@@ -246,12 +246,12 @@ func TestAddBlock(t *testing.T) {
 			continue
 		}
 		got := inst.cfg
-		got.rateSet = false // across blocks, inst.rateSet is what counts
+		got.rateSet = false // checked on its own below
 		if got != test.expected {
 			t.Errorf("%s: expected %s, got %s", test.name, test.expected, got)
 		}
-		if inst.rateSet != test.expectedRateSet {
-			t.Errorf("%s: expected rateSet %t, got %t", test.name, test.expectedRateSet, inst.rateSet)
+		if inst.cfg.rateSet != test.expectedRateSet {
+			t.Errorf("%s: expected rateSet %t, got %t", test.name, test.expectedRateSet, inst.cfg.rateSet)
 		}
 		if len(inst.blocks) != len(test.blocks) {
 			t.Errorf("%s: expected %d blocks, got %d", test.name, len(test.blocks), len(inst.blocks))
