@@ -249,11 +249,11 @@ func (p *pipeline) sync(key eventKey) {
 	flushing := p.flushing.Load()
 	p.mu.Lock()
 	e, ok := p.cache.Peek(key)
-	if !ok || e.inflight {
+	if !ok {
 		p.mu.Unlock()
 		return
 	}
-	e.queued = false
+	e.queued = false // the work queue never hands one key to two writers at once
 	if e.count == e.written {
 		p.mu.Unlock()
 		return
