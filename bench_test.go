@@ -50,7 +50,7 @@ func settle(b *testing.B, p *pipeline, droppedBefore, throttledBefore float64) {
 		runtime.Gosched()
 	}
 	b.StopTimer()
-	if d := testutil.ToFloat64(droppedQueueFull) - droppedBefore; d > 0 {
+	if d := testutil.ToFloat64(droppedTotal[dropQueueFull]) - droppedBefore; d > 0 {
 		b.ReportMetric(d/float64(b.N), "dropped/op")
 	}
 	if d := testutil.ToFloat64(throttledTotal.WithLabelValues(levelError.reason())) - throttledBefore; d > 0 {
@@ -85,7 +85,7 @@ func BenchmarkListenerDisabledLevel(b *testing.B) {
 func BenchmarkListenerNewLines(b *testing.B) {
 	p := startedPipeline(b, testConfig(levelsOf(levelError), 1, 25, 4096))
 	var l clog.Listener = p
-	dropped := testutil.ToFloat64(droppedQueueFull)
+	dropped := testutil.ToFloat64(droppedTotal[dropQueueFull])
 	throttled := testutil.ToFloat64(throttledTotal.WithLabelValues(levelError.reason()))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -111,7 +111,7 @@ func BenchmarkListenerThrottled(b *testing.B) {
 		b.Fatal("expected a full bucket to start with")
 	}
 	var l clog.Listener = p
-	dropped := testutil.ToFloat64(droppedQueueFull)
+	dropped := testutil.ToFloat64(droppedTotal[dropQueueFull])
 	throttled := testutil.ToFloat64(throttledTotal.WithLabelValues(levelError.reason()))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -152,7 +152,7 @@ func BenchmarkBaseline(b *testing.B) {
 			if err := clog.RegisterListener(p); err != nil {
 				b.Fatal(err)
 			}
-			dropped := testutil.ToFloat64(droppedQueueFull)
+			dropped := testutil.ToFloat64(droppedTotal[dropQueueFull])
 			throttled := testutil.ToFloat64(throttledTotal.WithLabelValues(levelError.reason()))
 			b.ReportAllocs()
 			b.ResetTimer()

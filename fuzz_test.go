@@ -54,10 +54,11 @@ func FuzzParse(f *testing.F) {
 // FuzzEventMessage checks that any log line makes a message, and an event,
 // that the API server takes.
 func FuzzEventMessage(f *testing.F) {
-	pods := []podRef{
-		testPod,
-		{ref: corev1.ObjectReference{Kind: "Namespace", APIVersion: "v1", Name: metav1.NamespaceDefault}}, // as podFromEnv without the downward API
+	refs := []corev1.ObjectReference{
+		testRef,
+		{Kind: "Namespace", APIVersion: "v1", Name: metav1.NamespaceDefault}, // as podFromEnv without the downward API
 	}
+	names := newEventNames()
 	f.Fuzz(func(t *testing.T, s string) {
 		msg := eventMessage(s)
 		if !utf8.ValidString(msg) {
@@ -74,11 +75,14 @@ func FuzzEventMessage(f *testing.F) {
 			t.Errorf("%q: expected the message unchanged, got %q", s, msg)
 		}
 
-		for _, pod := range pods {
-			p := &pipeline{pod: pod}
+		for _, ref := range refs {
+			ns := ref.Namespace
+			if ns == "" {
+				ns = metav1.NamespaceDefault
+			}
 			for l := range numLevels {
-				e := entry{message: msg, count: 1, first: epoch, last: epoch}
-				ev := p.newEvent(pod.ref, p.names.next(pod.ref.Name, epoch), l, e)
+				spec := writeSpec{key: eventKey{level: l, plugin: "plugin/errors: ", message: msg}, message: msg, count: 1, first: epoch, last: epoch}
+				ev := newEvent(ref, testNode, ns, names.next(ref.Name, epoch), spec)
 				for _, problem := range eventProblems(ev) {
 					t.Errorf("%q: %s event: %s", s, l, problem)
 				}

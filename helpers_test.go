@@ -1,24 +1,30 @@
 package k8s_event
 
 import (
-	"github.com/coredns/caddy"
 	"io"
 	"log"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/coredns/caddy"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
-// testPod is the pod that test events are about.
-var testPod = podRef{
-	ref:  corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: "coredns-0", Namespace: "kube-system", UID: types.UID("uid-0")},
-	node: "node-0",
+// testRef is the pod that test events are about.
+var testRef = corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: "coredns-0", Namespace: "kube-system", UID: types.UID("uid-0")}
+
+const testNode = "node-0"
+
+// testPod returns a fresh identity of the test pod.
+func testPod() *podIdentity {
+	id := &podIdentity{node: testNode}
+	ref := testRef
+	id.ref.Store(&ref)
+	return id
 }
 
 var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -27,25 +33,21 @@ func testConfig(levels levelSet, qps float64, burst, cache int) config {
 	return config{levels: levels, qps: qps, burst: burst, cacheSize: cache}
 }
 
-// newTestPipeline returns a pipeline on a fake clientset and a fake clock,
+// newTestPipeline returns a pipeline on a fake API server and a fake clock,
 // not started: tests drive observe and sync themselves, or call start.
-func newTestPipeline(t testing.TB, cfg config) (*pipeline, *fake.Clientset, *clocktesting.FakeClock) {
+func newTestPipeline(t testing.TB, cfg config) (*pipeline, *fakeAPI, *clocktesting.FakeClock) {
 	t.Helper()
-	client := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(epoch)
-	p := newPipeline(cfg, client, testPod, clk)
+	api := newFakeAPI(t, clk)
+	p := newPipeline(cfg, api.client, testPod(), clk)
 	t.Cleanup(func() { p.queue.ShutDown(); p.cancel() })
-	return p, client, clk
+	return p, api, clk
 }
 
-// events lists the events in the test pod's namespace.
-func events(t testing.TB, client *fake.Clientset) []corev1.Event {
+// events lists the events the fake API holds.
+func events(t testing.TB, api *fakeAPI) []corev1.Event {
 	t.Helper()
-	list, err := client.CoreV1().Events(testPod.eventNamespace()).List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return list.Items
+	return api.list()
 }
 
 // drain runs the writers' work that is due now, without goroutines.

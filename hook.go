@@ -107,7 +107,7 @@ func (p *pipeline) take(l level, plugin string, format string, formatted bool, v
 	select {
 	case p.lines <- ln:
 	default:
-		droppedQueueFull.Inc()
+		droppedTotal[dropQueueFull].Inc()
 	}
 }
 

@@ -159,7 +159,7 @@ func TestListenerLevelFilter(t *testing.T) {
 	}
 
 	// Levels follow apply, as on a reload.
-	p.apply(testConfig(levelsOf(levelInfo), 1, 1, 16), client)
+	p.apply(testConfig(levelsOf(levelInfo), 1, 1, 16), client.client)
 	p.Error("plugin/errors: ", "x")
 	p.Info("plugin/errors: ", "x")
 	if ln := nextLine(t, p); ln.level != levelInfo {
@@ -208,7 +208,7 @@ func TestListenerQueueFull(t *testing.T) {
 	for range cap(p.lines) {
 		p.Error("plugin/errors: ", "x")
 	}
-	dropped := testutil.ToFloat64(droppedQueueFull)
+	dropped := testutil.ToFloat64(droppedTotal[dropQueueFull])
 	counted := testutil.ToFloat64(linesTotal[levelError])
 
 	done := make(chan struct{})
@@ -222,7 +222,7 @@ func TestListenerQueueFull(t *testing.T) {
 		t.Fatal("the listener blocked on a full queue")
 	}
 
-	if d := testutil.ToFloat64(droppedQueueFull) - dropped; d != 1 {
+	if d := testutil.ToFloat64(droppedTotal[dropQueueFull]) - dropped; d != 1 {
 		t.Errorf("expected dropped_total{reason=%q} to grow by 1, grew by %v", dropQueueFull, d)
 	}
 	if d := testutil.ToFloat64(linesTotal[levelError]) - counted; d != 1 {

@@ -114,7 +114,7 @@ func (inst *instance) shutdown() error { global.detach(inst); return nil }
 
 // restartFailed runs on the old instance when a reload failed: the new
 // instance may have attached before failing, and none of its hooks will run.
-func (inst *instance) restartFailed() error { global.reconcile(); return nil }
+func (inst *instance) restartFailed() error { global.forgetAfter(inst); return nil }
 
 func (inst *instance) settings() (config, kubernetes.Interface) {
 	inst.mu.Lock()
@@ -125,89 +125,88 @@ func (inst *instance) settings() (config, kubernetes.Interface) {
 // broadcaster owns the process-wide pipeline and the instances attached to it.
 type broadcaster struct {
 	mu       sync.Mutex
-	attached []*instance // oldest first; the newest one's settings apply
+	attached []*instance // in the order they started; the newest one's settings apply
 	p        *pipeline
-
-	// live tells whether an instance still belongs to a running caddy
-	// instance; a reload that failed after attaching leaves one that does not.
-	live  func(*instance) bool
-	clock clock.WithTicker
+	clock    clock.WithTicker
 }
 
-var global = &broadcaster{live: caddyLive, clock: clock.RealClock{}}
-
-// caddyLive finds inst in the storage of the caddy instances that are up.
-func caddyLive(inst *instance) bool {
-	for _, ci := range caddy.Instances() {
-		ci.StorageMu.RLock()
-		v := ci.Storage[instanceKey{}]
-		ci.StorageMu.RUnlock()
-		if v == inst {
-			return true
-		}
-	}
-	return false
-}
+var global = &broadcaster{clock: clock.RealClock{}}
 
 func (b *broadcaster) attach(inst *instance) error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for _, a := range b.attached {
 		if a == inst {
+			b.mu.Unlock()
 			return nil
 		}
 	}
 	b.attached = append(b.attached, inst)
-	return b.reconcileLocked()
+	stop, err := b.reconcileLocked()
+	b.mu.Unlock()
+	stop.finish()
+	return err
 }
 
 func (b *broadcaster) detach(inst *instance) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for i, a := range b.attached {
 		if a == inst {
 			b.attached = append(b.attached[:i:i], b.attached[i+1:]...)
 			break
 		}
 	}
-	b.reconcileLocked()
+	stop, _ := b.reconcileLocked()
+	b.mu.Unlock()
+	stop.finish()
 }
 
-// reconcile forgets instances that are gone, then runs the pipeline with the
-// newest instance's settings, or stops it when none is left.
-func (b *broadcaster) reconcile() {
+// forgetAfter detaches the instances that attached after inst: after a
+// failed reload, caddy keeps inst running, and those never started.
+func (b *broadcaster) forgetAfter(inst *instance) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.reconcileLocked()
-}
-
-func (b *broadcaster) reconcileLocked() error {
-	kept := b.attached[:0]
-	for _, a := range b.attached {
-		if b.live(a) {
-			kept = append(kept, a)
+	for i, a := range b.attached {
+		if a == inst {
+			b.attached = b.attached[: i+1 : i+1]
+			break
 		}
 	}
-	b.attached = kept
+	stop, _ := b.reconcileLocked()
+	b.mu.Unlock()
+	stop.finish()
+}
+
+// stopping is a pipeline whose listener is gone and whose flush is still
+// to run, outside the broadcaster's lock: a reload that removes k8s_event
+// must not wait for it.
+type stopping struct{ p *pipeline }
+
+func (s stopping) finish() {
+	if s.p != nil {
+		s.p.stop(flushTimeout)
+	}
+}
+
+// reconcileLocked runs the pipeline with the newest instance's settings, or
+// takes it down when none is left; the caller finishes the stop after
+// unlocking.
+func (b *broadcaster) reconcileLocked() (stopping, error) {
 	if len(b.attached) == 0 {
-		if b.p != nil {
-			b.p.stop(flushTimeout)
-			b.p = nil
+		p := b.p
+		b.p = nil
+		if p != nil {
+			p.deregister()
 		}
-		return nil
+		return stopping{p}, nil
 	}
 	cfg, client := b.attached[len(b.attached)-1].settings()
 	if client == nil {
-		return errors.New("no Kubernetes API client")
+		return stopping{}, errors.New("no Kubernetes API client")
 	}
 	if b.p == nil {
 		b.p = newPipeline(cfg, client, podFromEnv(), b.clock)
 		b.p.start()
-		if err := clog.RegisterListener(b.p); err != nil {
-			return err
-		}
-		return nil
+		return stopping{}, clog.RegisterListener(b.p)
 	}
 	b.p.apply(cfg, client)
-	return nil
+	return stopping{}, nil
 }

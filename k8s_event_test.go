@@ -3,46 +3,36 @@ package k8s_event
 import (
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/coredns/coredns/core/dnsserver"
 	clog "github.com/coredns/coredns/plugin/pkg/log"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
-// liveSet stands for caddy's list of running instances.
-type liveSet struct {
-	mu   sync.Mutex
-	dead map[*instance]bool
-}
-
-func (l *liveSet) live(i *instance) bool { l.mu.Lock(); defer l.mu.Unlock(); return !l.dead[i] }
-func (l *liveSet) kill(i *instance)      { l.mu.Lock(); defer l.mu.Unlock(); l.dead[i] = true }
-
-func newTestBroadcaster(t *testing.T) (*broadcaster, *liveSet) {
+func newTestBroadcaster(t *testing.T) *broadcaster {
 	t.Helper()
-	t.Setenv(envPodName, testPod.ref.Name)
-	t.Setenv(envNamespace, testPod.ref.Namespace)
-	t.Setenv(envPodUID, string(testPod.ref.UID))
-	t.Setenv(envNodeName, testPod.node)
-	ls := &liveSet{dead: map[*instance]bool{}}
-	b := &broadcaster{live: ls.live, clock: clocktesting.NewFakeClock(epoch)}
+	t.Setenv(envPodName, testRef.Name)
+	t.Setenv(envNamespace, testRef.Namespace)
+	t.Setenv(envPodUID, string(testRef.UID))
+	t.Setenv(envNodeName, testNode)
+	b := &broadcaster{clock: clocktesting.NewFakeClock(epoch)}
 	t.Cleanup(func() {
 		b.mu.Lock()
-		defer b.mu.Unlock()
 		b.attached = nil
-		b.reconcileLocked()
+		stop, _ := b.reconcileLocked()
+		b.mu.Unlock()
+		stop.finish()
 	})
-	return b, ls
+	return b
 }
 
 // newInstance builds an instance from Corefile stanzas, one per server block.
-func newInstance(t *testing.T, client *fake.Clientset, stanzas ...string) *instance {
+func newInstance(t *testing.T, api *fakeAPI, stanzas ...string) *instance {
 	t.Helper()
-	inst := &instance{client: client}
+	inst := &instance{client: api.client}
 	for _, s := range stanzas {
 		cfg, err := parse(newController(s))
 		if err != nil {
@@ -56,12 +46,12 @@ func newInstance(t *testing.T, client *fake.Clientset, stanzas ...string) *insta
 }
 
 // waitEvents waits until the writers have posted what matches.
-func waitEvents(t *testing.T, client *fake.Clientset, ok func(counts map[string]int32) bool) map[string]int32 {
+func waitEvents(t *testing.T, api *fakeAPI, ok func(counts map[string]int32) bool) map[string]int32 {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		counts := map[string]int32{}
-		for _, ev := range events(t, client) {
+		for _, ev := range events(t, api) {
 			counts[ev.Message] += ev.Count
 		}
 		if ok(counts) {
@@ -74,8 +64,11 @@ func waitEvents(t *testing.T, client *fake.Clientset, ok func(counts map[string]
 	}
 }
 
-func waitGoroutines(t *testing.T, baseline int) {
+// waitGoroutines waits until only the goroutines of the baseline are left;
+// the fake API's connections are closed first, with their goroutines.
+func waitGoroutines(t *testing.T, api *fakeAPI, baseline int) {
 	t.Helper()
+	api.srv.CloseClientConnections()
 	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > baseline {
 		if time.Now().After(deadline) {
@@ -89,8 +82,8 @@ func waitGoroutines(t *testing.T, baseline int) {
 var pluginLog = clog.NewWithPlugin("errors")
 
 func TestTwoBlocksOneEvent(t *testing.T) {
-	b, _ := newTestBroadcaster(t)
-	client := fake.NewClientset()
+	b := newTestBroadcaster(t)
+	client := newFakeAPI(t, clock.RealClock{})
 	inst := newInstance(t, client, "k8s_event", "k8s_event {\n level info\n}")
 	if err := b.attach(inst); err != nil {
 		t.Fatal(err)
@@ -108,9 +101,9 @@ func TestTwoBlocksOneEvent(t *testing.T) {
 }
 
 func TestReloadKeepsOnePipeline(t *testing.T) {
+	b := newTestBroadcaster(t)
+	client := newFakeAPI(t, clock.RealClock{})
 	baseline := runtime.NumGoroutine()
-	b, _ := newTestBroadcaster(t)
-	client := fake.NewClientset()
 	old := newInstance(t, client, "k8s_event")
 	if err := b.attach(old); err != nil {
 		t.Fatal(err)
@@ -138,13 +131,13 @@ func TestReloadKeepsOnePipeline(t *testing.T) {
 	if b.p != nil {
 		t.Fatal("pipeline still running after the last detach")
 	}
-	waitGoroutines(t, baseline)
+	waitGoroutines(t, client, baseline)
 }
 
 func TestFailedReloadRestoresOldSettings(t *testing.T) {
+	b := newTestBroadcaster(t)
+	client := newFakeAPI(t, clock.RealClock{})
 	baseline := runtime.NumGoroutine()
-	b, ls := newTestBroadcaster(t)
-	client := fake.NewClientset()
 	old := newInstance(t, client, "k8s_event {\n level error\n}")
 	if err := b.attach(old); err != nil {
 		t.Fatal(err)
@@ -158,8 +151,7 @@ func TestFailedReloadRestoresOldSettings(t *testing.T) {
 	if !levelSet(b.p.levels.Load()).has(levelInfo) {
 		t.Fatal("the new settings did not take over")
 	}
-	ls.kill(failed)
-	b.reconcile()
+	b.forgetAfter(old)
 	if len(b.attached) != 1 || b.attached[0] != old {
 		t.Fatalf("attached %v, want only the old instance", b.attached)
 	}
@@ -170,14 +162,14 @@ func TestFailedReloadRestoresOldSettings(t *testing.T) {
 	pluginLog.Info("not posted")
 	waitEvents(t, client, func(c map[string]int32) bool { return c["plugin/errors: still posting"] == 1 })
 	b.detach(old)
-	waitGoroutines(t, baseline)
+	waitGoroutines(t, client, baseline)
 	if _, ok := waitEvents(t, client, func(map[string]int32) bool { return true })["plugin/errors: not posted"]; ok {
 		t.Error("an info line was posted with the old settings")
 	}
 }
 
 func TestStartupNeedsKubeapi(t *testing.T) {
-	inst := newInstance(t, fake.NewClientset(), "k8s_event")
+	inst := newInstance(t, newFakeAPI(t, clock.RealClock{}), "k8s_event")
 	inst.client = nil
 	err := inst.startup()
 	if err == nil || !strings.Contains(err.Error(), "kubeapi plugin must be enabled in the same server block") {
@@ -189,8 +181,8 @@ func TestWithoutPodEnvEventsGoToDefault(t *testing.T) {
 	t.Setenv(envPodName, "")
 	t.Setenv(envNamespace, "")
 	pod := podFromEnv()
-	if pod.ref.Kind != "Namespace" || pod.ref.Name != "default" || pod.eventNamespace() != "default" {
-		t.Errorf("reference %+v in %s", pod.ref, pod.eventNamespace())
+	if ref := pod.current(); ref.Kind != "Namespace" || ref.Name != "default" || pod.namespace() != "default" {
+		t.Errorf("reference %+v in %s", ref, pod.namespace())
 	}
 }
 
@@ -198,12 +190,14 @@ func TestUIDLookedUpWhenMissing(t *testing.T) {
 	t.Setenv(envPodName, "coredns-1")
 	t.Setenv(envNamespace, "kube-system")
 	t.Setenv(envPodUID, "")
-	client := fake.NewClientset(&corev1Pod)
-	p := newPipeline(testConfig(all, 1, 25, 16), client, podFromEnv(), clocktesting.NewFakeClock(epoch))
+	clk := clocktesting.NewFakeClock(epoch)
+	api := newFakeAPI(t, clk)
+	api.addPod(&corev1Pod)
+	p := newPipeline(testConfig(all, 1, 25, 16), api.client, podFromEnv(), clk)
 	t.Cleanup(func() { p.queue.ShutDown(); p.cancel() })
 	p.observe(ln(levelError, "errors", "x", epoch))
 	drain(p)
-	if ev := only(t, events(t, client)); ev.InvolvedObject.UID != corev1Pod.UID {
+	if ev := only(t, events(t, api)); ev.InvolvedObject.UID != corev1Pod.UID {
 		t.Errorf("uid %q, want %q", ev.InvolvedObject.UID, corev1Pod.UID)
 	}
 }

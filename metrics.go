@@ -9,13 +9,22 @@ import (
 
 const subsystem = "k8s_event"
 
-// Reasons a line can be dropped for, as the "reason" label of droppedTotal.
+// dropReason is why lines were given up: the "cause" label of dropped_total.
+// It is a cause, not an event reason.
+type dropReason uint8
+
 const (
-	dropQueueFull = "queue_full" // the listener's hand-off queue was full
-	dropEvicted   = "evicted"    // its entry left the cache before its count was written
-	dropRejected  = "rejected"   // the API refused the write for good (403, 404, 422, ...)
-	dropShutdown  = "shutdown"   // still unwritten when the flush at shutdown ran out of time or tokens
+	dropQueueFull dropReason = iota // the listener's hand-off queue was full
+	dropEvicted                     // the event left the cache with lines unwritten
+	dropShutdown                    // still unwritten when the flush at shutdown ended
+	dropThrottled                   // a fatal line found its bucket empty; CoreDNS exits at once
+	dropFailed                      // a fatal line's only write failed or timed out
+	numDropReasons
 )
+
+var dropReasonNames = [numDropReasons]string{"queue_full", "evicted", "shutdown", "throttled", "failed"}
+
+func (r dropReason) String() string { return dropReasonNames[r] }
 
 var (
 	linesVec = promauto.NewCounterVec(prometheus.CounterOpts{
@@ -43,37 +52,37 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
 		Name:      "aggregated_total",
-		Help:      "Counter of lines folded into a combined event of their plugin and level, by level.",
+		Help:      "Counter of lines folded into a combined event of their plugin, level and shape, by level.",
 	}, []string{"level"})
 
 	droppedVec = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
 		Name:      "dropped_total",
-		Help:      "Counter of lines that did not and will not reach the Kubernetes API, by reason (queue_full, evicted, rejected, shutdown).",
-	}, []string{"reason"})
+		Help:      "Counter of lines that no event write will ever carry, by cause (queue_full, evicted, shutdown, throttled, failed).",
+	}, []string{"cause"})
 
 	apiErrors = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
 		Name:      "api_errors_total",
-		Help:      "Counter of failed event writes, by HTTP status code (0 when no response arrived).",
+		Help:      "Counter of failed requests to the Kubernetes API, by HTTP status code (0 when no response arrived).",
 	}, []string{"code"})
 
 	pendingLines = promauto.NewGauge(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
 		Name:      "pending_lines",
-		Help:      "Number of captured lines not yet carried by a successful write.",
+		Help:      "Number of captured lines that no successful write has carried yet and that are not dropped.",
 	})
 )
 
 // Counters resolved once, so that the listener pays one atomic add.
 var (
-	linesTotal       [numLevels]prometheus.Counter
-	aggregated       [numLevels]prometheus.Counter
-	throttled        [numLevels]prometheus.Counter
-	droppedQueueFull = droppedVec.WithLabelValues(dropQueueFull)
+	linesTotal   [numLevels]prometheus.Counter
+	aggregated   [numLevels]prometheus.Counter
+	throttled    [numLevels]prometheus.Counter
+	droppedTotal [numDropReasons]prometheus.Counter
 )
 
 func init() {
@@ -81,5 +90,8 @@ func init() {
 		linesTotal[l] = linesVec.WithLabelValues(l.String())
 		aggregated[l] = aggregatedTotal.WithLabelValues(l.String())
 		throttled[l] = throttledTotal.WithLabelValues(l.reason())
+	}
+	for r := dropReason(0); r < numDropReasons; r++ {
+		droppedTotal[r] = droppedVec.WithLabelValues(r.String())
 	}
 }

@@ -24,18 +24,22 @@ const (
 	workers = 2
 
 	// combineAfter distinct lines of one plugin and level within combineWindow
-	// make every further new line of that plugin and level part of one
+	// make every further new line of that plugin and level part of a
 	// combined event, so that per-query errors cannot create an object each.
 	combineAfter  = 10
 	combineWindow = 10 * time.Minute
 	maxWindows    = 1024
 
-	// Retries of failed writes back off exponentially, with jitter, up to
-	// retryMax; an entry is retried for as long as it stays in the cache.
+	// Failed writes back off exponentially, with up to 20% jitter, from
+	// retryBase to retryMax; an event is retried for as long as it stays in
+	// the cache.
 	retryBase = time.Second
 	retryMax  = time.Minute
-	// rejectPause is how long a key waits after the API refused it for good.
+	// rejectPause is how long an event waits after the API refused it.
 	rejectPause = time.Minute
+
+	// flushPause spaces the retries of a failed write during the flush at shutdown.
+	flushPause = 200 * time.Millisecond
 )
 
 // eventKey identifies one event: a log line, or, with an empty message, the
@@ -48,18 +52,26 @@ type eventKey struct {
 
 func (k eventKey) combined() bool { return k.message == "" }
 
-// entry is what the correlator knows of one event.
+// entry is what the correlator knows of one event. Its fields are guarded
+// by the pipeline's mutex.
 type entry struct {
-	message     string // latest message; a combined event adds combinedPrefix when written
-	count       int64  // lines seen
-	written     int64  // lines carried by successful writes, or given up
-	name        string // the Event object's name once created
-	tried       string // the name of a create whose outcome is unknown
+	key eventKey
+	tally
+	message     string // latest line; a combined event adds combinedPrefix when written
 	first, last time.Time
-	retryAt     time.Time // no attempt before this
-	queued      bool      // in the work queue, due now or later
-	inflight    bool
-	evicted     bool
+
+	name  string // the Event object's name once created
+	tried string // the name of a create that reached the API and got no answer
+
+	// doubt is the count of the latest write that reached the API and got
+	// no answer; zero once a later answer settled it.
+	doubt    int64
+	failures int       // consecutive failed writes, for the backoff
+	retryAt  time.Time // no attempt before this, but at shutdown
+
+	queued   bool // handed to the work queue, due now or later
+	inflight bool
+	evicted  bool
 }
 
 type windowKey struct {
@@ -78,37 +90,55 @@ type pipeline struct {
 	clock  clock.WithTicker
 	levels atomic.Uint32 // levelSet
 	lines  chan line
-	pod    podRef
+	pod    *podIdentity
 	client atomic.Pointer[kubernetes.Interface]
 
-	mu      sync.Mutex // guards cache, windows and entries; never held across I/O
-	cache   *simplelru.LRU[eventKey, *entry]
-	windows map[windowKey]*window
+	mu        sync.Mutex // guards everything below but the queue; never held across I/O
+	cache     *simplelru.LRU[eventKey, *entry]
+	cacheSize int
+	windows   map[windowKey]*window
+	// settling holds evicted entries whose latest write got no answer: one
+	// more write tells what the API holds. At most cacheSize of them.
+	settling map[*entry]struct{}
+	buckets  [numLevels]*rate.Limiter // one per reason: a flood of one level cannot starve another
+	reserved [numLevels]int           // requests in flight, each holding a token it may still spend
+	rand     *rand.Rand               // backoff jitter
+	doubtful int64                    // lines dropped whose latest write may have landed unanswered
 
-	buckets [numLevels]*rate.Limiter // one per reason: a flood of one level cannot starve another
-	backoff workqueue.TypedRateLimiter[eventKey]
-	queue   workqueue.TypedDelayingInterface[eventKey]
-
-	names    eventNames
-	uidOnce  sync.Once
+	queue    workqueue.TypedDelayingInterface[*entry]
+	names    *eventNames
 	reporter rejectionLog
 
+	// I/O time limits, in real time: CoreDNS's exit waits on them.
+	writeTimeout time.Duration
+	fatalTimeout time.Duration
+	flushPause   time.Duration
+	flushers     int
+
+	started        atomic.Bool
 	flushing       atomic.Bool
 	ctx            context.Context // cancelled when the flush time is up
 	cancel         context.CancelFunc
 	correlatorDone chan struct{}
 	workersDone    sync.WaitGroup
+	closeOnce      sync.Once
 	stopOnce       sync.Once
 }
 
-func newPipeline(cfg config, client kubernetes.Interface, pod podRef, clk clock.WithTicker) *pipeline {
+func newPipeline(cfg config, client kubernetes.Interface, pod *podIdentity, clk clock.WithTicker) *pipeline {
 	p := &pipeline{
 		clock:          clk,
 		lines:          make(chan line, queueSize),
 		pod:            pod,
 		windows:        map[windowKey]*window{},
-		backoff:        jittered{workqueue.NewTypedItemExponentialFailureRateLimiter[eventKey](retryBase, retryMax)},
-		queue:          workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[eventKey]{Clock: clk}),
+		settling:       map[*entry]struct{}{},
+		rand:           rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		queue:          workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[*entry]{Clock: clk}),
+		names:          newEventNames(),
+		writeTimeout:   writeTimeout,
+		fatalTimeout:   fatalTimeout,
+		flushPause:     flushPause,
+		flushers:       workers,
 		correlatorDone: make(chan struct{}),
 	}
 	// client-go logs about a request through the logger of its context; a
@@ -125,21 +155,34 @@ func newPipeline(cfg config, client kubernetes.Interface, pod podRef, clk clock.
 	return p
 }
 
-// apply takes new settings without losing what is pending.
+// apply takes new settings without losing what is pending. Events waiting
+// for a token are looked at again at once: a higher rate may let them go.
 func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
+	p.client.Store(&client)
+	p.mu.Lock()
 	now := p.clock.Now()
 	for _, b := range p.buckets {
 		b.SetLimitAt(now, rate.Limit(cfg.qps))
 		b.SetBurstAt(now, cfg.burst)
 	}
-	p.mu.Lock()
+	p.cacheSize = cfg.cacheSize
 	p.cache.Resize(cfg.cacheSize)
+	var due []*entry
+	for _, e := range p.cache.Values() {
+		if e.pending() > 0 && !e.inflight && !e.retryAt.After(now) {
+			e.queued = true
+			due = append(due, e)
+		}
+	}
 	p.mu.Unlock()
-	p.client.Store(&client)
 	p.levels.Store(uint32(cfg.levels))
+	for _, e := range due {
+		p.queue.Add(e)
+	}
 }
 
 func (p *pipeline) start() {
+	p.started.Store(true)
 	go p.correlate()
 	for range workers {
 		p.workersDone.Add(1)
@@ -172,21 +215,20 @@ func (p *pipeline) observe(ln line) {
 		e, ok = p.cache.Get(key)
 	}
 	if !ok {
-		e = &entry{first: ln.at}
+		e = &entry{key: key, first: ln.at}
 		p.cache.Add(key, e)
 	}
-	e.count++
+	e.see()
 	e.message = msg
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
 	add := !e.queued
 	e.queued = true
-	pendingLines.Inc()
 	p.mu.Unlock()
 
 	if add {
-		p.queue.Add(key)
+		p.queue.Add(e)
 	}
 }
 
@@ -215,163 +257,289 @@ func (p *pipeline) tooManyDistinct(ln line) bool {
 // evicted is the LRU's eviction callback, called with p.mu held.
 func (p *pipeline) evicted(_ eventKey, e *entry) {
 	e.evicted = true
-	if !e.inflight {
-		p.give(e, dropEvicted)
+	p.retire(e)
+}
+
+// retire decides the fate of an evicted entry once no write of it is in
+// flight: its pending lines are dropped, unless its latest write got no
+// answer; then it stays, for as long as there is room, until one more
+// write settles what the API holds. Called with p.mu held.
+func (p *pipeline) retire(e *entry) {
+	if !e.evicted || e.inflight {
+		return
+	}
+	if e.doubt > 0 && e.pending() > 0 {
+		if _, ok := p.settling[e]; ok || len(p.settling) < p.cacheSize {
+			p.settling[e] = struct{}{}
+			return
+		}
+	}
+	delete(p.settling, e)
+	p.drop(e, dropEvicted)
+}
+
+// drop gives up the pending lines of e. Called with p.mu held.
+func (p *pipeline) drop(e *entry, reason dropReason) {
+	if e.doubt > 0 && e.pending() > 0 {
+		p.doubtful += min(e.doubt-e.carried, e.pending())
+	}
+	e.tally.drop(reason)
+}
+
+// reserve claims a token of the bucket of l for a request about to be
+// sent. The token is spent only if the request reaches the API (spend); one
+// that never left this process hands it back. Requests per bucket thus
+// never exceed BURST + QPS x T, retries included, and an unreachable API
+// costs no tokens. Without a token it tells how long until one is free.
+// Called with p.mu held.
+func (p *pipeline) reserve(l level, now time.Time) (time.Duration, bool) {
+	b := p.buckets[l]
+	need := float64(p.reserved[l] + 1)
+	have := b.TokensAt(now)
+	if have >= need {
+		p.reserved[l]++
+		return 0, true
+	}
+	wait := time.Duration((need - have) / float64(b.Limit()) * float64(time.Second))
+	return max(wait, time.Millisecond), false
+}
+
+// spend ends a reservation: the token is taken if the request reached the
+// API, whatever its answer. Called with p.mu held.
+func (p *pipeline) spend(l level, now time.Time, reached bool) {
+	p.reserved[l]--
+	if reached {
+		p.buckets[l].ReserveN(now, 1)
 	}
 }
 
-// give gives up the unwritten lines of e, counting them under reason.
-// Called with p.mu held.
-func (p *pipeline) give(e *entry, reason string) { p.giveUpTo(e, e.count, reason) }
-
-// giveUpTo gives up the unwritten lines of e up to its count upTo.
-func (p *pipeline) giveUpTo(e *entry, upTo int64, reason string) {
-	if n := upTo - e.written; n > 0 {
-		droppedVec.WithLabelValues(reason).Add(float64(n))
-		pendingLines.Sub(float64(n))
-		e.written = upTo
+// backoffFor is the wait after the n-th failure in a row: exponential,
+// capped at retryMax, plus up to 20% jitter, and never shorter than what
+// the API asked for. Called with p.mu held.
+func (p *pipeline) backoffFor(n int, asked time.Duration) time.Duration {
+	d := retryMax
+	if n <= 7 {
+		d = min(retryBase<<(n-1), retryMax)
 	}
+	d += time.Duration(p.rand.Int64N(int64(d)/5 + 1))
+	return max(d, asked)
 }
 
 func (p *pipeline) processNext() bool {
-	key, shutdown := p.queue.Get()
+	e, shutdown := p.queue.Get()
 	if shutdown {
 		return false
 	}
-	defer p.queue.Done(key)
-	p.sync(key)
+	defer p.queue.Done(e)
+	if !p.flushing.Load() { // the flush at shutdown writes what is pending
+		p.sync(e)
+	}
 	return true
 }
 
-// sync writes one entry if its bucket has a token: a key queued many times
-// is written once, with the latest count.
-func (p *pipeline) sync(key eventKey) {
-	flushing := p.flushing.Load()
+// sync writes one entry if it is due and its bucket has a token: an entry
+// queued many times is written once, with the latest count.
+func (p *pipeline) sync(e *entry) {
 	p.mu.Lock()
-	e, ok := p.cache.Peek(key)
-	if !ok {
-		p.mu.Unlock()
-		return
-	}
-	e.queued = false // the work queue never hands one key to two writers at once
-	if e.count == e.written {
-		p.mu.Unlock()
-		return
-	}
+	e.queued = false
 	now := p.clock.Now()
-	if wait := e.retryAt.Sub(now); wait > 0 && !flushing {
+	var report error
+	wait := e.retryAt.Sub(now)
+	if wait <= 0 {
+		var res attemptResult
+		res, wait, report = p.attempt(p.ctx, e)
+		if res == attemptRedo {
+			wait = 0
+		}
+	}
+	if e.pending() > 0 && e.dropped == 0 && !e.queued {
 		e.queued = true
 		p.mu.Unlock()
-		p.queue.AddAfter(key, wait)
-		return
-	}
-	bucket := p.buckets[key.level]
-	r := bucket.ReserveN(now, 1)
-	if wait := r.DelayFrom(now); wait > 0 || !r.OK() {
-		r.CancelAt(now)
-		e.queued = !flushing
+		p.requeue(e, wait)
+	} else {
 		p.mu.Unlock()
-		throttled[key.level].Inc()
-		if !flushing {
-			p.queue.AddAfter(key, wait)
-		}
-		return
 	}
-	snap := *e
+	if report != nil {
+		p.reporter.report(now, report, p.pod.namespace())
+	}
+}
+
+func (p *pipeline) requeue(e *entry, wait time.Duration) {
+	if wait > 0 {
+		p.queue.AddAfter(e, wait)
+	} else {
+		p.queue.Add(e)
+	}
+}
+
+type attemptResult uint8
+
+const (
+	attemptNone      attemptResult = iota // nothing pending
+	attemptThrottled                      // no token
+	attemptWrote                          // written
+	attemptRedo                           // to be written again at once: created, gone or name taken
+	attemptRefused                        // refused by the API: paused
+	attemptFailed                         // failed: backing off
+)
+
+// attempt makes one write of e if its bucket has a token, and books the
+// outcome. It is called with p.mu held and releases it during the request.
+// It returns how long until e may be tried again, and an error to report.
+func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.Duration, error) {
+	if e.pending() == 0 || e.dropped > 0 {
+		return attemptNone, 0, nil
+	}
+	l := e.key.level
+	now := p.clock.Now()
+	if wait, ok := p.reserve(l, now); !ok {
+		throttled[l].Inc()
+		return attemptThrottled, wait, nil
+	}
+	spec := writeSpec{key: e.key, message: e.message, count: e.seen, first: e.first, last: e.last, name: e.name, tried: e.tried}
 	e.inflight = true
 	p.mu.Unlock()
 
-	name, verb, err := p.write(key, snap)
+	res := p.write(ctx, spec, true)
 
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	e.inflight = false
 	now = p.clock.Now()
-	switch outcome := classify(err); outcome {
+	p.spend(l, now, res.reached)
+	e.inflight = false
+	defer p.retire(e)
+	switch res.outcome {
 	case writeOK:
-		pendingLines.Sub(float64(snap.count - snap.written))
-		e.written, e.name, e.tried = snap.count, name, ""
-		eventWrites.WithLabelValues(key.level.reason(), verb).Inc()
-		p.backoff.Forget(key)
-	case writeGone:
-		e.name = "" // the event expired or was deleted: create it anew
-	case writeExists:
-		// A create that timed out had reached the API: patch that event.
-		e.name, e.tried = name, ""
-	case writeRejected:
-		// Lines that came during the write are kept for the next try.
-		p.giveUpTo(e, snap.count, dropRejected)
+		e.carry(spec.count)
+		e.name, e.tried, e.doubt, e.failures, e.retryAt = res.name, "", 0, 0, time.Time{}
+		eventWrites.WithLabelValues(l.reason(), res.verb).Inc()
+		return attemptWrote, 0, nil
+	case writeGone: // the event expired or was deleted: create it anew
+		e.name, e.doubt = "", 0
+		return attemptRedo, 0, nil
+	case writeExists: // a create that got no answer had been applied: patch it
+		e.name, e.tried = res.name, ""
+		return attemptRedo, 0, nil
+	case writeNameTaken: // another writer's event has this name: take a new one
+		e.tried = ""
+		return attemptRedo, 0, nil
+	case writeRefused:
 		e.retryAt = now.Add(rejectPause)
-		p.reporter.report(now, err, p.pod.eventNamespace())
+		return attemptRefused, rejectPause, res.err
 	default:
-		if outcome == writeUnsent {
-			r.CancelAt(now) // the API never saw it: give the token back
+		if res.unsure {
+			e.doubt = spec.count
+			if spec.name == "" {
+				e.tried = res.name // it may have been applied: retry under the same name
+			}
 		}
-		if verb == "create" {
-			e.tried = name // it may have been applied: retry under the same name
-		}
-		e.retryAt = now.Add(p.backoff.When(key))
-		p.reporter.report(now, err, p.pod.eventNamespace())
-	}
-	if e.evicted {
-		p.give(e, dropEvicted)
-		return
-	}
-	if e.count > e.written && !flushing {
-		e.queued = true
-		p.queue.Add(key)
+		e.failures++
+		d := p.backoffFor(e.failures, res.retryAfter)
+		e.retryAt = now.Add(d)
+		return attemptFailed, d, res.err
 	}
 }
 
-// jittered spreads retries of many keys that failed together.
-type jittered struct {
-	workqueue.TypedRateLimiter[eventKey]
-}
-
-func (j jittered) When(key eventKey) time.Duration {
-	d := j.TypedRateLimiter.When(key)
-	return d + time.Duration(rand.Int64N(int64(d)/5+1))
-}
-
-// stop ends the pipeline: no new line is taken, pending entries are written
-// within timeout as far as their buckets allow, the rest is counted.
-func (p *pipeline) stop(timeout time.Duration) {
-	p.stopOnce.Do(func() {
+// deregister removes the listener and closes the hand-off: after it, no
+// line enters the pipeline.
+func (p *pipeline) deregister() {
+	p.closeOnce.Do(func() {
 		// Deregistering waits for listener calls in flight, so nothing
 		// sends on p.lines once it returns.
 		clog.DeregisterListener(p)
 		close(p.lines)
+	})
+}
+
+// stop ends the pipeline: no new line is taken, and every pending event
+// whose bucket has a token is written within timeout (real time: CoreDNS
+// exits when it returns). What is still pending then is dropped.
+func (p *pipeline) stop(timeout time.Duration) {
+	p.stopOnce.Do(func() {
+		deadline := time.AfterFunc(timeout, p.cancel)
+		defer deadline.Stop()
+		p.deregister()
+		if !p.started.Load() { // tests that drive the pipeline by hand
+			go p.correlate()
+		}
 		<-p.correlatorDone
 
+		// Writers finish the write in hand and leave the rest to the flush.
 		p.flushing.Store(true)
-		p.mu.Lock()
-		var dirty []eventKey
-		for _, k := range p.cache.Keys() {
-			if e, _ := p.cache.Peek(k); e.count > e.written {
-				dirty = append(dirty, k)
-			}
-		}
-		p.mu.Unlock()
-		for _, k := range dirty {
-			p.queue.Add(k)
-		}
-
-		drained := make(chan struct{})
-		go func() { p.queue.ShutDownWithDrain(); close(drained) }()
-		select {
-		case <-drained:
-		case <-p.clock.After(timeout):
-			p.cancel()
-			<-drained
-		}
 		p.queue.ShutDown()
-		p.cancel()
 		p.workersDone.Wait()
+		p.flush()
+		p.cancel()
 
 		p.mu.Lock()
-		for _, e := range p.cache.Values() {
-			p.give(e, dropShutdown)
+		defer p.mu.Unlock()
+		for _, e := range p.pendingEntries() {
+			p.drop(e, dropShutdown)
 		}
-		p.mu.Unlock()
 	})
+}
+
+// pendingEntries lists the entries with lines to write, oldest first.
+// Called with p.mu held.
+func (p *pipeline) pendingEntries() []*entry {
+	var out []*entry
+	for e := range p.settling {
+		out = append(out, e)
+	}
+	for _, e := range p.cache.Values() {
+		if e.pending() > 0 && e.dropped == 0 {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// flush writes what is pending, each event until it is written, its bucket
+// is empty, the API refuses it, or the time is up. Failed writes are tried
+// again every flushPause: only those that reach the API cost a token.
+func (p *pipeline) flush() {
+	p.mu.Lock()
+	todo := p.pendingEntries()
+	p.mu.Unlock()
+
+	work := make(chan *entry)
+	var wg sync.WaitGroup
+	for range p.flushers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for e := range work {
+				p.flushOne(e)
+			}
+		}()
+	}
+	for _, e := range todo {
+		select {
+		case work <- e:
+		case <-p.ctx.Done():
+		}
+	}
+	close(work)
+	wg.Wait()
+}
+
+func (p *pipeline) flushOne(e *entry) {
+	for p.ctx.Err() == nil {
+		p.mu.Lock()
+		res, _, report := p.attempt(p.ctx, e)
+		p.mu.Unlock()
+		if report != nil {
+			p.reporter.report(p.clock.Now(), report, p.pod.namespace())
+		}
+		switch res {
+		case attemptRedo:
+			continue
+		case attemptFailed:
+			select {
+			case <-p.ctx.Done():
+			case <-time.After(p.flushPause):
+			}
+		default:
+			return
+		}
+	}
 }

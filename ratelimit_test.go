@@ -1,53 +1,22 @@
 package k8s_event
 
 import (
-	"context"
-	"errors"
 	"fmt"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/klog/v2"
-
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
-	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 )
 
 var all = levelSet(1<<numLevels - 1)
 
 func ln(l level, plugin, msg string, at time.Time) line {
 	return line{level: l, plugin: "plugin/" + plugin + ": ", text: "plugin/" + plugin + ": " + msg, at: at}
-}
-
-// waitQueued waits for the delaying queue to hand over keys made due by a
-// step of the fake clock; it moves them in its own goroutine.
-func waitQueued(t *testing.T, p *pipeline) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for p.queue.Len() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("nothing became due")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// writes counts the create and patch calls the API received.
-func writes(client interface{ Actions() []k8stesting.Action }) (creates, patches int) {
-	for _, a := range client.Actions() {
-		switch a.GetVerb() {
-		case "create":
-			creates++
-		case "patch":
-			patches++
-		}
-	}
-	return
 }
 
 func only(t *testing.T, evs []corev1.Event) corev1.Event {
@@ -58,82 +27,153 @@ func only(t *testing.T, evs []corev1.Event) corev1.Event {
 	return evs[0]
 }
 
+// ledger is a reading of the metrics the accounting contract is stated in.
+type ledger struct {
+	lines, pending float64
+	dropped        [numDropReasons]float64
+}
+
+func readLedger() ledger {
+	var l ledger
+	for lv := range numLevels {
+		l.lines += testutil.ToFloat64(linesTotal[lv])
+	}
+	l.pending = testutil.ToFloat64(pendingLines)
+	for r := range numDropReasons {
+		l.dropped[r] = testutil.ToFloat64(droppedTotal[r])
+	}
+	return l
+}
+
+func (l ledger) since(before ledger) ledger {
+	d := ledger{lines: l.lines - before.lines, pending: l.pending - before.pending}
+	for r := range d.dropped {
+		d.dropped[r] = l.dropped[r] - before.dropped[r]
+	}
+	return d
+}
+
+func (l ledger) droppedAll() float64 {
+	var n float64
+	for _, d := range l.dropped {
+		n += d
+	}
+	return n
+}
+
+// countsIn adds up the counts of the events the API holds.
+func countsIn(api *fakeAPI) float64 {
+	var n float64
+	for _, ev := range api.list() {
+		n += float64(ev.Count)
+	}
+	return n
+}
+
+// checkLedger checks the contract at a quiet moment: the counts in the API
+// plus the lines pending plus the lines dropped are the lines taken, with
+// lines fed to observe by hand counted in extra.
+func checkLedger(t *testing.T, api *fakeAPI, before ledger, extra float64) ledger {
+	t.Helper()
+	d := readLedger().since(before)
+	if got, want := countsIn(api)+d.pending+d.droppedAll(), d.lines+extra; got != want {
+		t.Errorf("counts %v + pending %v + dropped %v = %v, want lines %v", countsIn(api), d.pending, d.dropped, got, want)
+	}
+	return d
+}
+
+// due runs every entry whose time has come, as the work queue would after
+// the fake clock moved: the delaying queue moves keys in a goroutine of its
+// own, so tests that step the clock call sync directly.
+func due(p *pipeline) {
+	drain(p)
+	p.mu.Lock()
+	es := p.pendingEntries()
+	p.mu.Unlock()
+	for _, e := range es {
+		p.sync(e)
+	}
+	drain(p)
+}
+
 func TestRepeatsAreOneEventWithExactCount(t *testing.T) {
-	p, client, clk := newTestPipeline(t, testConfig(all, 1, 25, 64))
+	p, api, clk := newTestPipeline(t, testConfig(all, 1, 25, 64))
+	before := readLedger()
 	for range 50 {
 		p.observe(ln(levelError, "errors", "2 example.org. A: i/o timeout", clk.Now()))
 	}
 	drain(p)
-	ev := only(t, events(t, client))
+	ev := only(t, events(t, api))
 	if ev.Count != 50 {
 		t.Errorf("count %d, want 50", ev.Count)
 	}
 	if ev.Message != "plugin/errors: 2 example.org. A: i/o timeout" {
 		t.Errorf("message %q", ev.Message)
 	}
-	if ev.Reason != "CoreDNSError" || ev.Type != "Warning" {
-		t.Errorf("reason %s type %s", ev.Reason, ev.Type)
+	if ev.Reason != "CoreDNSError" || ev.Type != "Warning" || ev.Action != "Logged" {
+		t.Errorf("reason %s type %s action %s", ev.Reason, ev.Type, ev.Action)
 	}
-	if ev.InvolvedObject != testPod.ref || ev.Namespace != "kube-system" {
+	if ev.InvolvedObject != testRef || ev.Namespace != "kube-system" {
 		t.Errorf("involved object %+v in %s", ev.InvolvedObject, ev.Namespace)
 	}
-	if ev.Source.Component != "CoreDNS" || ev.Source.Host != "node-0" || ev.ReportingController != "CoreDNS" || ev.ReportingInstance != "coredns-0" {
+	if ev.Source.Component != "CoreDNS" || ev.Source.Host != testNode || ev.ReportingController != "CoreDNS" || ev.ReportingInstance != "coredns-0" {
 		t.Errorf("source %+v reporting %s/%s", ev.Source, ev.ReportingController, ev.ReportingInstance)
 	}
-	if ev.FirstTimestamp.IsZero() || ev.LastTimestamp.IsZero() {
-		t.Error("timestamps not set")
+	if !ev.FirstTimestamp.Time.Equal(epoch) || !ev.LastTimestamp.Time.Equal(epoch) {
+		t.Errorf("timestamps %v %v, want %v", ev.FirstTimestamp, ev.LastTimestamp, epoch)
 	}
-	if c, pt := writes(client); c != 1 || pt != 0 {
+	if c, pt := api.writes(); c != 1 || pt != 0 {
 		t.Errorf("%d creates %d patches, want 1 create", c, pt)
 	}
 
-	// Later repeats patch the same event with the running total.
+	// Later repeats patch the same event with the running total, the last
+	// time and the latest message.
 	clk.Step(time.Minute)
 	for range 3 {
 		p.observe(ln(levelError, "errors", "2 example.org. A: i/o timeout", clk.Now()))
 	}
 	drain(p)
-	ev = only(t, events(t, client))
-	if ev.Count != 53 || !ev.LastTimestamp.Time.Equal(clk.Now().Truncate(time.Second)) {
-		t.Errorf("count %d last %v, want 53 at %v", ev.Count, ev.LastTimestamp, clk.Now())
+	ev = only(t, events(t, api))
+	if ev.Count != 53 || !ev.LastTimestamp.Time.Equal(clk.Now()) || !ev.FirstTimestamp.Time.Equal(epoch) {
+		t.Errorf("count %d first %v last %v, want 53 from %v to %v", ev.Count, ev.FirstTimestamp, ev.LastTimestamp, epoch, clk.Now())
 	}
-	if c, pt := writes(client); c != 1 || pt != 1 {
+	if c, pt := api.writes(); c != 1 || pt != 1 {
 		t.Errorf("%d creates %d patches, want 1 and 1", c, pt)
 	}
+	checkLedger(t, api, before, 53)
 }
 
 func TestThrottledRepeatsAreCounted(t *testing.T) {
-	p, client, clk := newTestPipeline(t, testConfig(all, 1.0/300, 1, 64))
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/300, 1, 64))
 	p.observe(ln(levelWarning, "forward", "no healthy upstream", clk.Now()))
 	drain(p)
-	before := testutil.ToFloat64(throttledTotal.WithLabelValues("CoreDNSWarning"))
+	before := testutil.ToFloat64(throttled[levelWarning])
 	for range 7 {
 		p.observe(ln(levelWarning, "forward", "no healthy upstream", clk.Now()))
 	}
-	drain(p) // the bucket is empty: nothing written, the key waits
-	if n := only(t, events(t, client)).Count; n != 1 {
+	drain(p) // the bucket is empty: nothing written, the entry waits
+	if n := only(t, events(t, api)).Count; n != 1 {
 		t.Fatalf("count %d before the bucket refills, want 1", n)
 	}
-	if testutil.ToFloat64(throttledTotal.WithLabelValues("CoreDNSWarning")) <= before {
+	if testutil.ToFloat64(throttled[levelWarning]) <= before {
 		t.Error("throttled_total did not rise")
 	}
 	clk.Step(300 * time.Second)
-	waitQueued(t, p)
-	drain(p)
-	if n := only(t, events(t, client)).Count; n != 8 {
+	due(p)
+	if n := only(t, events(t, api)).Count; n != 8 {
 		t.Errorf("count %d after the bucket refilled, want 8", n)
 	}
 }
 
 func TestDistinctLinesAreCombined(t *testing.T) {
-	p, client, clk := newTestPipeline(t, testConfig(all, 100, 100, 1024))
-	before := testutil.ToFloat64(aggregatedTotal.WithLabelValues("error"))
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 1024))
+	before := testutil.ToFloat64(aggregated[levelError])
 	const n = 500
 	for i := range n {
 		p.observe(ln(levelError, "errors", fmt.Sprintf("2 q%d.example.org. A: i/o timeout", i), clk.Now()))
 	}
 	drain(p)
-	evs := events(t, client)
+	evs := events(t, api)
 	if len(evs) != combineAfter+1 {
 		t.Fatalf("%d events, want %d distinct and one combined", len(evs), combineAfter)
 	}
@@ -151,7 +191,7 @@ func TestDistinctLinesAreCombined(t *testing.T) {
 	if combined == nil || combined.Count != n-combineAfter || !strings.HasSuffix(combined.Message, fmt.Sprintf("q%d.example.org. A: i/o timeout", n-1)) {
 		t.Fatalf("combined event %+v", combined)
 	}
-	if got := testutil.ToFloat64(aggregatedTotal.WithLabelValues("error")) - before; got != n-combineAfter {
+	if got := testutil.ToFloat64(aggregated[levelError]) - before; got != n-combineAfter {
 		t.Errorf("aggregated_total rose by %v, want %d", got, n-combineAfter)
 	}
 
@@ -160,13 +200,13 @@ func TestDistinctLinesAreCombined(t *testing.T) {
 	clk.Step(combineWindow + time.Second)
 	p.observe(ln(levelError, "errors", "fresh line", clk.Now()))
 	drain(p)
-	if got := len(events(t, client)); got != combineAfter+3 {
+	if got := len(events(t, api)); got != combineAfter+3 {
 		t.Errorf("%d events, want %d", got, combineAfter+3)
 	}
 }
 
 func TestBucketsAreIndependent(t *testing.T) {
-	p, client, clk := newTestPipeline(t, testConfig(all, 1.0/300, 2, 64))
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/300, 2, 64))
 	for i := range 20 {
 		p.observe(ln(levelError, fmt.Sprint("p", i), "storm", clk.Now()))
 	}
@@ -175,7 +215,7 @@ func TestBucketsAreIndependent(t *testing.T) {
 	p.observe(ln(levelInfo, "reload", "info", clk.Now()))
 	drain(p)
 	byReason := map[string]int{}
-	for _, ev := range events(t, client) {
+	for _, ev := range events(t, api) {
 		byReason[ev.Reason]++
 	}
 	if byReason["CoreDNSError"] != 2 || byReason["CoreDNSWarning"] != 1 || byReason["CoreDNSInfo"] != 1 {
@@ -184,27 +224,21 @@ func TestBucketsAreIndependent(t *testing.T) {
 }
 
 // TestWritesStayWithinBound runs a storm of distinct and repeated lines for
-// five simulated minutes, offering every dirty key to the writers each
+// two simulated minutes, offering every pending entry to the writers each
 // second, and checks the bucket's bound: burst + qps x T.
 func TestWritesStayWithinBound(t *testing.T) {
 	const qps, burst = 0.5, 5
-	p, client, clk := newTestPipeline(t, testConfig(all, qps, burst, 4096))
+	p, api, clk := newTestPipeline(t, testConfig(all, qps, burst, 4096))
 	start := clk.Now()
 	for s := range 120 {
 		for i := range 20 {
 			p.observe(ln(levelError, fmt.Sprint("p", i%15), fmt.Sprint("line ", i, s%3), clk.Now()))
 		}
-		drain(p)
 		clk.Step(time.Second)
-		p.mu.Lock()
-		keys := p.cache.Keys()
-		p.mu.Unlock()
-		for _, k := range keys {
-			p.sync(k)
-		}
+		due(p)
 	}
 	elapsed := clk.Since(start).Seconds()
-	c, pt := writes(client)
+	c, pt := api.writes()
 	if bound := burst + qps*elapsed; float64(c+pt) > bound {
 		t.Errorf("%d writes in %.0fs, bound %.0f", c+pt, elapsed, bound)
 	}
@@ -215,70 +249,423 @@ func TestWritesStayWithinBound(t *testing.T) {
 
 func TestEvictedUnwrittenLinesAreCounted(t *testing.T) {
 	p, _, clk := newTestPipeline(t, testConfig(all, 1, 25, 2))
-	before := testutil.ToFloat64(droppedVec.WithLabelValues(dropEvicted))
+	before := readLedger()
 	p.observe(ln(levelError, "a", "one", clk.Now()))
 	p.observe(ln(levelError, "a", "one", clk.Now()))
 	p.observe(ln(levelError, "b", "two", clk.Now()))
 	p.observe(ln(levelError, "c", "three", clk.Now())) // evicts a/one with 2 unwritten lines
-	if got := testutil.ToFloat64(droppedVec.WithLabelValues(dropEvicted)) - before; got != 2 {
-		t.Errorf("dropped{evicted} rose by %v, want 2", got)
+	d := readLedger().since(before)
+	if d.dropped[dropEvicted] != 2 || d.pending != 2 {
+		t.Errorf("dropped{evicted} rose by %v and pending by %v, want 2 and 2", d.dropped[dropEvicted], d.pending)
 	}
 	drain(p)
 }
 
+// TestUnsentWriteCostsNoToken: an API that refuses connections for ten
+// minutes, at the default rate, leaves the buckets full; when it comes
+// back every pending event lands within one maximal backoff, with its
+// true count. (Before, every refused attempt spent a token and the events
+// then waited for refills, 300 s each.)
+func TestUnsentWriteCostsNoToken(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(defaultLevels, defaultQPS, defaultBurst, defaultCacheSize))
+	before := readLedger()
+	api.setFault(func(apiRequest) fault { return fault{unsent: true} })
+	outageEnd := clk.Now().Add(10 * time.Minute)
+	lines := 0
+	for clk.Now().Before(outageEnd) {
+		p.observe(ln(levelError, "errors", "upstream timeout", clk.Now()))
+		p.observe(ln(levelWarning, "forward", fmt.Sprint("upstream ", lines%5, " down"), clk.Now()))
+		lines += 2
+		clk.Step(7 * time.Second)
+		due(p)
+	}
+	if c, pt := api.writes(); c+pt != 0 || api.refused == 0 {
+		t.Fatalf("%d writes reached the API during the outage, %d refused", c+pt, api.refused)
+	}
+	if tokens := p.buckets[levelError].TokensAt(clk.Now()); tokens < defaultBurst {
+		t.Errorf("%.1f tokens left after an outage that no request reached, want %d", tokens, defaultBurst)
+	}
+	api.setFault(nil)
+	back := clk.Now()
+	for clk.Since(back) <= retryMax+retryMax/5 && countsIn(api) < float64(lines) {
+		clk.Step(time.Second)
+		due(p)
+	}
+	if got := countsIn(api); got != float64(lines) {
+		t.Fatalf("counts %v %d s after the API came back, want %d", got, int(clk.Since(back).Seconds()), lines)
+	}
+	if n := len(events(t, api)); n != 6 {
+		t.Errorf("%d events, want 6", n)
+	}
+	checkLedger(t, api, before, float64(lines))
+}
+
+// TestOneRequestPerToken: client-go would retry a 429 with Retry-After
+// inside one call, up to ten times; every retry is a request that reaches
+// the API, so each takes its own token and none is made inside a call.
+func TestOneRequestPerToken(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1e-6, 3, 64))
+	api.setFault(func(r apiRequest) fault { return fault{code: http.StatusTooManyRequests, retryAfter: 1} })
+	p.observe(ln(levelError, "errors", "busy", clk.Now()))
+	for range 10 {
+		due(p)
+		clk.Step(retryMax * 2)
+	}
+	if c, _ := api.writes(); c != 3 {
+		t.Errorf("%d requests reached the API, want 3: the burst", c)
+	}
+}
+
+// TestStopFlushesPending: lines that no writer has touched, an event
+// waiting out a backoff and one waiting for its bucket are written at
+// stop, as far as tokens allow; the rest is dropped as shutdown.
 func TestStopFlushesPending(t *testing.T) {
-	p, client, clk := newTestPipeline(t, testConfig(all, 1, 25, 64))
-	p.start()
-	for range 5 {
-		p.Error("plugin/errors: ", "flushed at stop")
-	}
-	p.Warning("plugin/health: ", "also flushed")
-	p.stop(time.Minute)
-	evs := events(t, client)
-	if len(evs) != 2 {
-		t.Fatalf("%d events after stop, want 2", len(evs))
-	}
-	for _, ev := range evs {
-		if ev.Message == "plugin/errors: flushed at stop" && ev.Count != 5 {
-			t.Errorf("count %d, want 5", ev.Count)
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/300, 3, 64))
+	before := readLedger()
+	// A warning that failed once and backs off.
+	api.setFault(func(r apiRequest) fault { return fault{code: http.StatusServiceUnavailable} })
+	p.observe(ln(levelWarning, "health", "backing off", clk.Now()))
+	drain(p)
+	api.setFault(nil)
+	// Five distinct errors, never offered to a writer: 3 tokens.
+	for i := range 5 {
+		for range i + 1 {
+			p.observe(ln(levelError, "errors", fmt.Sprint("pending ", i), clk.Now()))
 		}
+	}
+	start := time.Now()
+	p.stop(time.Minute)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("stop took %v", took)
+	}
+	byMessage := map[string]int32{}
+	for _, ev := range events(t, api) {
+		byMessage[ev.Message] = ev.Count
+	}
+	if byMessage["plugin/health: backing off"] != 1 {
+		t.Errorf("the warning in backoff was not flushed: %v", byMessage)
+	}
+	errs := 0
+	for i := range 5 {
+		if n, ok := byMessage[fmt.Sprint("plugin/errors: pending ", i)]; ok {
+			errs++
+			if n != int32(i+1) {
+				t.Errorf("count of pending %d is %d, want %d", i, n, i+1)
+			}
+		}
+	}
+	if errs != 3 {
+		t.Errorf("%d error events flushed, want 3 (the bucket)", errs)
+	}
+	d := checkLedger(t, api, before, 16)
+	if d.pending != 0 || d.dropped[dropShutdown] == 0 {
+		t.Errorf("after stop: pending %v, dropped{shutdown} %v", d.pending, d.dropped[dropShutdown])
+	}
+}
+
+// TestStopIsBounded: with an API that never answers, stop returns when
+// the flush time is up, and drops what is pending.
+func TestStopIsBounded(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 10, 10, 64))
+	before := readLedger()
+	api.setFault(func(apiRequest) fault { return fault{hang: true} })
+	p.start()
+	for i := range 20 {
+		p.Errorf("plugin/errors: ", "line %d", i)
+	}
+	start := time.Now()
+	p.stop(300 * time.Millisecond)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("stop took %v with a flush time of 300ms", took)
+	}
+	d := readLedger().since(before)
+	if d.pending != 0 || d.dropped[dropShutdown] != 20 {
+		t.Errorf("pending %v dropped{shutdown} %v, want 0 and 20", d.pending, d.dropped[dropShutdown])
 	}
 	_ = clk
 }
 
 func TestFatalIsWrittenBeforeReturning(t *testing.T) {
-	p, client, _ := newTestPipeline(t, testConfig(levelSet(1<<levelFatal), 1, 25, 64))
+	p, api, _ := newTestPipeline(t, testConfig(levelSet(1<<levelFatal), 1, 25, 64))
+	before := readLedger()
 	p.Fatalf("plugin/reload: ", "cannot %s", "go on")
-	ev := only(t, events(t, client))
+	ev := only(t, events(t, api))
 	if ev.Reason != "CoreDNSFatal" || ev.Type != "Warning" || ev.Message != "plugin/reload: cannot go on" || ev.Count != 1 {
 		t.Errorf("fatal event %+v", ev)
+	}
+	checkLedger(t, api, before, 0)
+}
+
+// TestFatalWaitsForNoLookup: with no UID from the downward API and an API
+// that accepts connections but never answers a pod read, the fatal line
+// goes at once, without the UID; it never waits on the lookup a writer is
+// doing.
+func TestFatalWaitsForNoLookup(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1, 25, 64))
+	ref := testRef
+	ref.UID = ""
+	p.pod.ref.Store(&ref)
+	p.pod.lookup.Store(true)
+	api.setFault(func(r apiRequest) fault { return fault{hang: r.resource == "pods"} })
+	p.start()
+	p.observe(ln(levelError, "errors", "a writer looks the UID up", clk.Now()))
+	time.Sleep(50 * time.Millisecond) // the writer is in its lookup
+	start := time.Now()
+	p.Fatal("plugin/errors: ", "bye")
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the fatal line took %v", took)
+	}
+	found := false
+	for _, ev := range events(t, api) {
+		found = found || ev.Reason == "CoreDNSFatal"
+	}
+	if !found {
+		t.Error("no CoreDNSFatal event")
+	}
+}
+
+// TestFatalGivesUp: a fatal line finds its bucket empty, or its write
+// fails: each is dropped once, with its own cause, and the write is given
+// up within the fatal time.
+func TestFatalGivesUp(t *testing.T) {
+	p, api, _ := newTestPipeline(t, testConfig(all, 1.0/300, 1, 64))
+	p.fatalTimeout = 200 * time.Millisecond
+	before := readLedger()
+	api.setFault(func(apiRequest) fault { return fault{hang: true} })
+	start := time.Now()
+	p.Fatal("plugin/errors: ", "first")
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("a fatal line to a silent API took %v, fatal time 200ms", took)
+	}
+	p.Fatal("plugin/errors: ", "second") // the token went with the first
+	d := readLedger().since(before)
+	if d.dropped[dropFailed] != 1 || d.dropped[dropThrottled] != 1 || d.dropped[dropShutdown] != 0 || d.pending != 0 {
+		t.Errorf("dropped %v pending %v, want one failed and one throttled", d.dropped, d.pending)
 	}
 }
 
 // TestCreateTimedOutButApplied: the API server applied a create whose answer
 // never came; the retry must find that event, not make a second one.
 func TestCreateTimedOutButApplied(t *testing.T) {
-	p, client, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
-	failed := false
-	client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if failed {
-			return false, nil, nil
-		}
-		failed = true
-		ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
-		if err := client.Tracker().Create(corev1.SchemeGroupVersion.WithResource("events"), ev, ev.Namespace); err != nil {
-			t.Fatal(err)
-		}
-		return true, nil, context.DeadlineExceeded
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	p.writeTimeout = 100 * time.Millisecond
+	before := readLedger()
+	once := sync.Once{}
+	api.setFault(func(r apiRequest) (f fault) {
+		once.Do(func() { f = fault{hang: true, apply: true} })
+		return f
 	})
 	p.observe(ln(levelError, "errors", "slow", clk.Now()))
 	drain(p)
 	p.observe(ln(levelError, "errors", "slow", clk.Now()))
 	clk.Step(retryMax * 2)
-	waitQueued(t, p)
-	drain(p)
-	if ev := only(t, events(t, client)); ev.Count != 2 {
+	due(p)
+	if ev := only(t, events(t, api)); ev.Count != 2 {
 		t.Errorf("count %d, want 2", ev.Count)
+	}
+	checkLedger(t, api, before, 2)
+}
+
+// TestNameTakenIsNotOurs: a first create that meets an event of the same
+// name made by someone else takes a new name; it never patches the other.
+func TestNameTakenIsNotOurs(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	p.names.tag = "" // so that the name is known in advance
+	name := p.names.next(testRef.Name, clk.Now())
+	p.names.last--
+	api.mu.Lock()
+	api.events["kube-system/"+name] = &corev1.Event{Message: "someone else's", Count: 7}
+	api.mu.Unlock()
+	p.observe(ln(levelError, "errors", "mine", clk.Now()))
+	p.observe(ln(levelError, "errors", "mine", clk.Now()))
+	drain(p)
+	for _, ev := range events(t, api) {
+		switch ev.Message {
+		case "someone else's":
+			if ev.Count != 7 {
+				t.Errorf("the other event was changed: count %d", ev.Count)
+			}
+		case "plugin/errors: mine":
+			if ev.Count != 2 || ev.Name == name {
+				t.Errorf("our event %s count %d", ev.Name, ev.Count)
+			}
+		default:
+			t.Errorf("unexpected event %+v", ev)
+		}
+	}
+	if n := len(events(t, api)); n != 2 {
+		t.Errorf("%d events, want 2", n)
+	}
+}
+
+// TestPatchOfGoneEventCreatesAnew: an event that expired takes a 404 on
+// patch; the next write creates it again, with every line seen.
+func TestPatchOfGoneEventCreatesAnew(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	p.observe(ln(levelError, "errors", "again", clk.Now()))
+	drain(p)
+	api.expire()
+	p.observe(ln(levelError, "errors", "again", clk.Now()))
+	drain(p)
+	if ev := only(t, events(t, api)); ev.Count != 2 {
+		t.Errorf("count %d, want 2", ev.Count)
+	}
+	if c, pt := api.writes(); c != 2 || pt != 1 {
+		t.Errorf("%d creates %d patches, want 2 and 1", c, pt)
+	}
+}
+
+// TestRefusedLinesStayPending: lines the API refuses (403) are not
+// dropped: they stay pending, the event pauses, and once RBAC is fixed one
+// write carries all of them. Each line is counted once.
+func TestRefusedLinesStayPending(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	before := readLedger()
+	api.setFault(func(r apiRequest) fault { return fault{code: http.StatusForbidden} })
+	for range 3 {
+		p.observe(ln(levelError, "errors", "denied", clk.Now()))
+	}
+	drain(p)
+	p.observe(ln(levelError, "errors", "denied", clk.Now()))
+	drain(p)
+	if c, _ := api.writes(); c != 1 {
+		t.Fatalf("%d create attempts right after a 403, want 1: the event must pause", c)
+	}
+	d := checkLedger(t, api, before, 4)
+	if d.pending != 4 || d.droppedAll() != 0 {
+		t.Errorf("pending %v dropped %v, want 4 pending", d.pending, d.dropped)
+	}
+	api.setFault(nil) // RBAC fixed
+	clk.Step(rejectPause)
+	due(p)
+	if ev := only(t, events(t, api)); ev.Count != 4 {
+		t.Errorf("count %d after RBAC was fixed, want 4 (every line ever seen)", ev.Count)
+	}
+	checkLedger(t, api, before, 4)
+}
+
+// TestTransientAnswersAreRetried: 401 (a token being rotated), 408, 429,
+// 500, 503 and a reset connection are retried with backoff.
+func TestTransientAnswersAreRetried(t *testing.T) {
+	for _, f := range []fault{{code: 401}, {code: 408}, {code: 429}, {code: 429, retryAfter: 3}, {code: 500}, {code: 503}, {reset: true}} {
+		t.Run(fmt.Sprintf("%+v", f), func(t *testing.T) {
+			p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+			refusals := 2
+			api.setFault(func(r apiRequest) fault {
+				if refusals == 0 {
+					return fault{}
+				}
+				refusals--
+				return f
+			})
+			for range 5 {
+				p.observe(ln(levelWarning, "forward", "busy", clk.Now()))
+			}
+			drain(p)
+			for i := 0; len(events(t, api)) == 0 && i < 10; i++ {
+				clk.Step(retryMax + retryMax/5 + time.Second) // past any backoff with its jitter
+				due(p)
+			}
+			if ev := only(t, events(t, api)); ev.Count != 5 {
+				t.Errorf("count %d, want 5", ev.Count)
+			}
+		})
+	}
+}
+
+// TestBackoffGrowsAndIsForgotten: failed writes back off exponentially;
+// the state lives in the entry, so an evicted event leaves nothing behind
+// and a new one starts from the base.
+func TestBackoffGrowsAndIsForgotten(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 2))
+	api.setFault(func(apiRequest) fault { return fault{code: 500} })
+	p.observe(ln(levelError, "errors", "failing", clk.Now()))
+	var waits []time.Duration
+	for range 8 {
+		p.mu.Lock()
+		e, _ := p.cache.Peek(eventKey{levelError, "plugin/errors: ", "plugin/errors: failing"})
+		p.mu.Unlock()
+		p.sync(e)
+		waits = append(waits, e.retryAt.Sub(clk.Now()))
+		clk.SetTime(e.retryAt)
+	}
+	for i, w := range waits {
+		base := min(retryBase<<i, retryMax)
+		if w < base || w > base+base/5 {
+			t.Errorf("wait %d is %v, want %v plus up to 20%%", i+1, w, base)
+		}
+	}
+	p.observe(ln(levelError, "errors", "b", clk.Now()))
+	p.observe(ln(levelError, "errors", "c", clk.Now())) // evicts "failing"
+	p.observe(ln(levelError, "errors", "failing", clk.Now()))
+	p.mu.Lock()
+	e, _ := p.cache.Peek(eventKey{levelError, "plugin/errors: ", "plugin/errors: failing"})
+	p.mu.Unlock()
+	if e.failures != 0 || !e.retryAt.IsZero() {
+		t.Errorf("a new entry inherits failures %d, retry at %v", e.failures, e.retryAt)
+	}
+}
+
+// TestReloadLooksAgainAtThrottled: a reload that raises the rate lets
+// throttled events go as soon as the new rate has a token, not when the
+// old one would have had; one that shrinks the cache evicts.
+func TestReloadLooksAgainAtThrottled(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/300, 1, 64))
+	for i := range 3 {
+		p.observe(ln(levelError, "errors", fmt.Sprint("line ", i), clk.Now()))
+	}
+	drain(p) // one written, two wait 300 and 600 s in the delaying queue
+	if n := len(events(t, api)); n != 1 {
+		t.Fatalf("%d events with a burst of 1", n)
+	}
+	p.apply(testConfig(all, 10, 10, 64), api.client)
+	drain(p) // they are looked at again: a token in 0.1 s
+	clk.Step(time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(events(t, api)) < 3 && time.Now().Before(deadline) {
+		drain(p) // the delaying queue hands them over in its own goroutine
+		time.Sleep(time.Millisecond)
+	}
+	if n := len(events(t, api)); n != 3 {
+		t.Errorf("%d events a second after the rate was raised, want 3", n)
+	}
+	before := readLedger()
+	p.observe(ln(levelError, "errors", "x", clk.Now()))
+	p.observe(ln(levelError, "errors", "y", clk.Now()))
+	p.apply(testConfig(all, 10, 10, 1), api.client)
+	if n := p.cache.Len(); n != 1 {
+		t.Errorf("cache holds %d after a resize to 1", n)
+	}
+	if d := readLedger().since(before); d.dropped[dropEvicted] != 1 {
+		t.Errorf("dropped{evicted} rose by %v, want 1", d.dropped[dropEvicted])
+	}
+}
+
+// TestEvictedUnansweredIsSettled: an event whose latest write got no
+// answer is not dropped when evicted: one more write tells the API its
+// final count, so no line is both in the API and dropped.
+func TestEvictedUnansweredIsSettled(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 1))
+	p.writeTimeout = 50 * time.Millisecond
+	before := readLedger()
+	hang := true
+	api.setFault(func(apiRequest) fault { return fault{hang: hang, apply: true} })
+	p.observe(ln(levelError, "errors", "unanswered", clk.Now()))
+	p.observe(ln(levelError, "errors", "unanswered", clk.Now()))
+	drain(p)
+	hang = false
+	p.observe(ln(levelError, "errors", "evicts it", clk.Now()))
+	if len(p.settling) != 1 {
+		t.Fatalf("%d entries settling, want 1", len(p.settling))
+	}
+	clk.Step(retryMax * 2)
+	due(p)
+	if len(p.settling) != 0 {
+		t.Errorf("%d entries still settling", len(p.settling))
+	}
+	d := checkLedger(t, api, before, 3)
+	if d.pending != 0 || d.droppedAll() != 0 {
+		t.Errorf("pending %v dropped %v", d.pending, d.dropped)
 	}
 }
 
@@ -288,61 +675,5 @@ func TestRequestsLogNowhere(t *testing.T) {
 	p, _, _ := newTestPipeline(t, testConfig(all, 1, 1, 1))
 	if sink := klog.FromContext(p.ctx).GetSink(); sink != nil {
 		t.Errorf("requests log through %T", sink)
-	}
-}
-
-func TestForbiddenIsCountedAndPaused(t *testing.T) {
-	p, client, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
-	forbid := true
-	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if !forbid {
-			return false, nil, nil
-		}
-		return true, nil, apierrors.NewForbidden(corev1.Resource("events"), "", errors.New("no RBAC"))
-	})
-	before := testutil.ToFloat64(droppedVec.WithLabelValues(dropRejected))
-	for range 3 {
-		p.observe(ln(levelError, "errors", "denied", clk.Now()))
-	}
-	drain(p)
-	if got := testutil.ToFloat64(droppedVec.WithLabelValues(dropRejected)) - before; got != 3 {
-		t.Errorf("dropped{rejected} rose by %v, want 3", got)
-	}
-	attempts := func() int { c, _ := writes(client); return c }
-	p.observe(ln(levelError, "errors", "denied", clk.Now()))
-	drain(p)
-	if n := attempts(); n != 1 {
-		t.Fatalf("%d create attempts right after a 403, want 1: the key must pause", n)
-	}
-	forbid = false // RBAC fixed
-	clk.Step(rejectPause)
-	waitQueued(t, p)
-	drain(p)
-	if ev := only(t, events(t, client)); ev.Count != 4 {
-		t.Errorf("count %d after RBAC was fixed, want 4 (every line ever seen)", ev.Count)
-	}
-}
-
-func TestTooManyRequestsIsRetried(t *testing.T) {
-	p, client, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
-	refusals := 2
-	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if refusals == 0 {
-			return false, nil, nil
-		}
-		refusals--
-		return true, nil, apierrors.NewTooManyRequests("slow down", 0)
-	})
-	for range 5 {
-		p.observe(ln(levelWarning, "forward", "busy", clk.Now()))
-	}
-	drain(p)
-	for len(events(t, client)) == 0 {
-		clk.Step(retryMax + retryMax/5 + time.Second) // past any backoff with its jitter
-		waitQueued(t, p)
-		drain(p)
-	}
-	if ev := only(t, events(t, client)); ev.Count != 5 {
-		t.Errorf("count %d, want 5", ev.Count)
 	}
 }

@@ -1,0 +1,322 @@
+package k8s_event
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+)
+
+// fakeAPI is a small kube-apiserver for unit tests: create, patch and get
+// of core/v1 events and get of pods, served over HTTP to the real
+// client-go. Contexts, time-outs, cancellation and client-go's handling of
+// answers are therefore the real ones. A fault function may break any
+// request: refuse the connection, answer with an error status, hang, reset
+// the connection, answer late; a hung or reset request may still take
+// effect, as on a real API server.
+type fakeAPI struct {
+	t      testing.TB
+	srv    *httptest.Server
+	client kubernetes.Interface
+	clock  clock.PassiveClock // stamps the requests
+
+	mu       sync.Mutex
+	events   map[string]*corev1.Event // by namespace/name
+	pods     map[string]*corev1.Pod
+	reasons  map[string]string // the reason of every event name ever created
+	requests []apiRequest      // every request that reached the server
+	refused  int               // requests refused before they left the client
+	fault    func(apiRequest) fault
+	rv       int
+}
+
+// apiRequest is one request as the server saw it.
+type apiRequest struct {
+	verb     string // create, patch or get
+	resource string // events or pods
+	name     string // empty for a create
+	reason   string // of the event written
+	at       time.Time
+	code     int // the status answered; 0 when none was
+}
+
+// fault is what happens to one request.
+type fault struct {
+	unsent     bool          // the connection is refused: the request never reaches the server
+	code       int           // answer with this error status
+	retryAfter int           // seconds, with code
+	hang       bool          // no answer until the client gives up
+	reset      bool          // the connection is closed without an answer
+	apply      bool          // with hang or reset: the request takes effect all the same
+	delay      time.Duration // answer after this long
+}
+
+func newFakeAPI(t testing.TB, clk clock.PassiveClock) *fakeAPI {
+	t.Helper()
+	api := &fakeAPI{t: t, clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}}
+	api.srv = httptest.NewServer(http.HandlerFunc(api.serve))
+	t.Cleanup(api.srv.Close)
+	cfg := &rest.Config{
+		Host: api.srv.URL,
+		QPS:  -1, // no client-side limit: the plugin's buckets are under test
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripper(func(req *http.Request) (*http.Response, error) {
+				if api.refuse(req) {
+					return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+				}
+				return rt.RoundTrip(req)
+			})
+		},
+	}
+	var err error
+	if api.client, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return api
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// refuse decides, before a request leaves the client, whether its
+// connection is refused.
+func (api *fakeAPI) refuse(r *http.Request) bool {
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if api.fault == nil {
+		return false
+	}
+	req := api.describe(r, "")
+	if api.fault(req).unsent {
+		api.refused++
+		return true
+	}
+	return false
+}
+
+func (api *fakeAPI) setFault(f func(apiRequest) fault) {
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	api.fault = f
+}
+
+// describe names a request by its method and path; reason is filled in
+// for event writes. Called with api.mu held.
+func (api *fakeAPI) describe(r *http.Request, reason string) apiRequest {
+	// /api/v1/namespaces/NS/RESOURCE[/NAME]
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	req := apiRequest{at: api.clock.Now()}
+	if len(parts) >= 5 {
+		req.resource = parts[4]
+	}
+	if len(parts) >= 6 {
+		req.name = parts[5]
+		if reason == "" {
+			reason = api.reasons[parts[3]+"/"+req.name]
+		}
+	}
+	req.reason = reason
+	switch r.Method {
+	case http.MethodPost:
+		req.verb = "create"
+	case http.MethodPatch:
+		req.verb = "patch"
+	default:
+		req.verb = "get"
+	}
+	return req
+}
+
+func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
+	var ev corev1.Event
+	if r.Method == http.MethodPost {
+		if err := json.NewDecoder(r.Body).Decode(&ev); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+	}
+	api.mu.Lock()
+	req := api.describe(r, ev.Reason)
+	var f fault
+	if api.fault != nil {
+		f = api.fault(req)
+	}
+	api.mu.Unlock()
+
+	if f.delay > 0 {
+		time.Sleep(f.delay)
+	}
+	code := 0
+	if f.code != 0 && !f.hang && !f.reset {
+		code = f.code
+		writeStatus(w, f.code, f.retryAfter, req)
+	} else {
+		if f.hang || f.reset {
+			if f.apply {
+				api.handle(httptest.NewRecorder(), r, req, &ev)
+			}
+		} else {
+			code = api.handle(w, r, req, &ev)
+		}
+	}
+	req.code = code
+	api.mu.Lock()
+	api.requests = append(api.requests, req)
+	api.mu.Unlock()
+	switch {
+	case f.hang:
+		<-r.Context().Done()
+	case f.reset:
+		if hj, ok := w.(http.Hijacker); ok {
+			if conn, _, err := hj.Hijack(); err == nil {
+				conn.Close()
+			}
+		}
+	}
+}
+
+// handle carries out a request that meets no fault, and returns its status.
+func (api *fakeAPI) handle(w http.ResponseWriter, r *http.Request, req apiRequest, ev *corev1.Event) int {
+	ns := strings.Split(strings.Trim(r.URL.Path, "/"), "/")[3]
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	switch {
+	case req.resource == "pods" && req.verb == "get":
+		pod, ok := api.pods[ns+"/"+req.name]
+		if !ok {
+			return writeStatus(w, http.StatusNotFound, 0, req)
+		}
+		return writeObject(w, http.StatusOK, pod)
+	case req.resource == "events" && req.verb == "create":
+		key := ns + "/" + ev.Name
+		if _, ok := api.events[key]; ok {
+			return writeStatus(w, http.StatusConflict, 0, req)
+		}
+		api.rv++
+		ev.ResourceVersion = strconv.Itoa(api.rv)
+		ev.UID = types.UID(fmt.Sprint("event-", api.rv))
+		api.events[key] = ev.DeepCopy()
+		api.reasons[key] = ev.Reason
+		return writeObject(w, http.StatusCreated, ev)
+	case req.resource == "events" && req.verb == "patch":
+		stored, ok := api.events[ns+"/"+req.name]
+		if !ok {
+			return writeStatus(w, http.StatusNotFound, 0, req)
+		}
+		var patch struct {
+			Count         *int32       `json:"count"`
+			LastTimestamp *metav1.Time `json:"lastTimestamp"`
+			Message       *string      `json:"message"`
+		}
+		if r.Header.Get("Content-Type") != string(types.StrategicMergePatchType) || json.NewDecoder(r.Body).Decode(&patch) != nil {
+			return writeStatus(w, http.StatusBadRequest, 0, req)
+		}
+		if patch.Count != nil {
+			stored.Count = *patch.Count
+		}
+		if patch.LastTimestamp != nil {
+			stored.LastTimestamp = *patch.LastTimestamp
+		}
+		if patch.Message != nil {
+			stored.Message = *patch.Message
+		}
+		api.rv++
+		stored.ResourceVersion = strconv.Itoa(api.rv)
+		return writeObject(w, http.StatusOK, stored)
+	}
+	return writeStatus(w, http.StatusMethodNotAllowed, 0, req)
+}
+
+func writeObject(w http.ResponseWriter, code int, obj any) int {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(obj)
+	return code
+}
+
+var statusReasons = map[int]metav1.StatusReason{
+	400: metav1.StatusReasonBadRequest, 401: metav1.StatusReasonUnauthorized, 403: metav1.StatusReasonForbidden,
+	404: metav1.StatusReasonNotFound, 408: metav1.StatusReasonTimeout, 422: metav1.StatusReasonInvalid,
+	429: metav1.StatusReasonTooManyRequests, 500: metav1.StatusReasonInternalError,
+	503: metav1.StatusReasonServiceUnavailable, 504: metav1.StatusReasonTimeout,
+}
+
+// writeStatus answers with an error status as kube-apiserver does.
+func writeStatus(w http.ResponseWriter, code, retryAfter int, req apiRequest) int {
+	reason := statusReasons[code]
+	if code == http.StatusConflict {
+		reason = metav1.StatusReasonConflict
+		if req.verb == "create" {
+			reason = metav1.StatusReasonAlreadyExists
+		}
+	}
+	st := metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure,
+		Message:  fmt.Sprintf("%s %s %q: injected %d", req.verb, req.resource, req.name, code),
+		Reason:   reason,
+		Code:     int32(code),
+		Details:  &metav1.StatusDetails{Name: req.name, Kind: req.resource},
+	}
+	if retryAfter > 0 {
+		st.Details.RetryAfterSeconds = int32(retryAfter)
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	return writeObject(w, code, st)
+}
+
+// list returns the events stored, sorted by nothing in particular.
+func (api *fakeAPI) list() []corev1.Event {
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	out := make([]corev1.Event, 0, len(api.events))
+	for _, ev := range api.events {
+		out = append(out, *ev.DeepCopy())
+	}
+	return out
+}
+
+// writes counts the event creates and patches that reached the server.
+func (api *fakeAPI) writes() (creates, patches int) {
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	for _, r := range api.requests {
+		switch {
+		case r.resource != "events":
+		case r.verb == "create":
+			creates++
+		case r.verb == "patch":
+			patches++
+		}
+	}
+	return creates, patches
+}
+
+// expire deletes every event, as the API server's event TTL does.
+func (api *fakeAPI) expire() {
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	clear(api.events)
+}
+
+func (api *fakeAPI) addPod(pod *corev1.Pod) {
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	api.pods[pod.Namespace+"/"+pod.Name] = pod.DeepCopy()
+}

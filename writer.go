@@ -1,0 +1,297 @@
+package k8s_event
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Downward-API environment variables that name the CoreDNS pod.
+const (
+	envPodName   = "COREDNS_POD_NAME"
+	envNamespace = "COREDNS_NAMESPACE"
+	envPodUID    = "COREDNS_POD_UID"
+	envNodeName  = "COREDNS_NODE_NAME"
+)
+
+const (
+	writeTimeout = 10 * time.Second
+	fatalTimeout = 3 * time.Second
+)
+
+// podIdentity is the object events are about, and who reports them. When
+// the downward API gave no UID, writers look it up before their first
+// create: `kubectl describe pod` lists only events that carry it.
+type podIdentity struct {
+	ref  atomic.Pointer[corev1.ObjectReference] // replaced whole, never changed in place
+	node string
+
+	mu       sync.Mutex // one lookup at a time; never taken by the fatal path
+	lookup   atomic.Bool
+	nextTry  time.Time
+	failures int
+}
+
+// podFromEnv reads the downward-API variables. Without a pod name and
+// namespace, events go to the default namespace, as the plugin always did.
+func podFromEnv() *podIdentity {
+	name, ns := os.Getenv(envPodName), os.Getenv(envNamespace)
+	id := &podIdentity{node: os.Getenv(envNodeName)}
+	if name == "" || ns == "" {
+		clog.Warningf("plugin/%s: %s or %s not set: events are reported on namespace/default", pluginName, envPodName, envNamespace)
+		id.ref.Store(&corev1.ObjectReference{Kind: "Namespace", APIVersion: "v1", Name: metav1.NamespaceDefault})
+		return id
+	}
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: name, Namespace: ns, UID: types.UID(os.Getenv(envPodUID))}
+	id.ref.Store(ref)
+	id.lookup.Store(ref.UID == "")
+	return id
+}
+
+// current is the reference as known now, without waiting for anything.
+func (id *podIdentity) current() corev1.ObjectReference { return *id.ref.Load() }
+
+// namespace is where the events live: the pod's namespace, or default.
+func (id *podIdentity) namespace() string {
+	if ns := id.ref.Load().Namespace; ns != "" {
+		return ns
+	}
+	return metav1.NamespaceDefault
+}
+
+// errLookupPending says a create waits for the pod's UID.
+var errLookupPending = errors.New("the pod's UID is not known yet")
+
+// resolve returns the reference with the pod's UID, reading the pod once
+// if needed. A lookup that fails for a cause that may pass (no answer,
+// 5xx, 429, 401) is tried again with a backoff, and the create waits; one
+// that the API answers for good (403: not allowed, 404: no such pod) is
+// given up, said once, and events go without the UID.
+func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernetes.Interface) (corev1.ObjectReference, time.Duration, error) {
+	if !id.lookup.Load() {
+		return id.current(), 0, nil
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	ref := id.current()
+	if !id.lookup.Load() {
+		return ref, 0, nil
+	}
+	if wait := id.nextTry.Sub(p.clock.Now()); wait > 0 {
+		return ref, wait, errLookupPending
+	}
+	var pod corev1.Pod
+	req := client.CoreV1().RESTClient().Get().Namespace(ref.Namespace).Resource("pods").Name(ref.Name)
+	_, err := send(ctx, req, &pod)
+	if err == nil {
+		ref.UID = pod.UID
+		id.ref.Store(&ref)
+		id.lookup.Store(false)
+		return ref, 0, nil
+	}
+	countError(err)
+	if apierrors.IsForbidden(err) || apierrors.IsNotFound(err) {
+		id.lookup.Store(false)
+		clog.Warningf("plugin/%s: %s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", pluginName, envPodUID, err)
+		return ref, 0, nil
+	}
+	id.failures++
+	p.mu.Lock()
+	wait := p.backoffFor(id.failures, retryAfter(err))
+	p.mu.Unlock()
+	id.nextTry = p.clock.Now().Add(wait)
+	return ref, wait, err
+}
+
+// send makes exactly one HTTP request, without client-go's retries on
+// Retry-After answers (a retry is a request, and takes its own token), and
+// tells whether it reached the API: whether its headers were written to a
+// connection. A request that could not connect did not.
+func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached bool, err error) {
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
+	res := req.MaxRetries(0).Do(ctx)
+	if into != nil {
+		err = res.Into(into)
+	} else {
+		err = res.Error()
+	}
+	return wrote.Load(), err
+}
+
+type writeOutcome uint8
+
+const (
+	writeOK        writeOutcome = iota
+	writeGone                   // patch: the event is gone (expired, deleted): create it anew
+	writeExists                 // create: our earlier create that got no answer was applied
+	writeNameTaken              // create: the name is another's; take a new one
+	writeRefused                // the API refused for good: 400, 403, 404, 422, other 4xx
+	writeFailed                 // may pass: no answer, 401, 408, 409, 429, 5xx
+)
+
+// writeResult is what a write did.
+type writeResult struct {
+	outcome    writeOutcome
+	name, verb string
+	reached    bool // the request reached the API: it cost a token
+	unsure     bool // it reached the API and got no answer: it may have been applied
+	retryAfter time.Duration
+	err        error
+}
+
+// write creates the event, or patches its count, last time and message.
+// With lookup, a create first learns the pod's UID if that is still to do.
+func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeResult {
+	ctx, cancel := context.WithTimeout(ctx, p.writeTimeout)
+	defer cancel()
+	client := *p.client.Load()
+	rc := client.CoreV1().RESTClient()
+	ns := p.pod.namespace()
+	if s.name != "" {
+		req := rc.Patch(types.StrategicMergePatchType).Namespace(ns).Resource("events").Name(s.name).Body(countPatch(s))
+		res := result(send(ctx, req, nil))
+		res.name, res.verb = s.name, "patch"
+		if res.outcome == writeRefused && apierrors.IsNotFound(res.err) {
+			res.outcome = writeGone
+		}
+		return res
+	}
+	ref := p.pod.current()
+	if lookup {
+		var wait time.Duration
+		var err error
+		if ref, wait, err = p.pod.resolve(ctx, p, client); err != nil {
+			return writeResult{outcome: writeFailed, verb: "create", retryAfter: wait, err: err}
+		}
+	}
+	name := s.tried
+	if name == "" {
+		name = p.names.next(ref.Name, p.clock.Now())
+	}
+	req := rc.Post().Namespace(ns).Resource("events").Body(newEvent(ref, p.pod.node, ns, name, s))
+	res := result(send(ctx, req, nil))
+	res.name, res.verb = name, "create"
+	if apierrors.IsAlreadyExists(res.err) {
+		// Names are unique to this process: a create under a name that
+		// reached the API before is ours; a first create is not.
+		res.outcome = writeNameTaken
+		if s.tried != "" {
+			res.outcome = writeExists
+		}
+	}
+	return res
+}
+
+// result sorts the answer to one request.
+func result(reached bool, err error) writeResult {
+	res := writeResult{reached: reached, err: err}
+	if err == nil {
+		return res
+	}
+	countError(err)
+	res.retryAfter = retryAfter(err)
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Code == 0 {
+		res.outcome, res.unsure = writeFailed, reached
+		return res
+	}
+	switch code := int(status.Status().Code); {
+	case code == http.StatusUnauthorized, // a rotated token: the next request reads the new one
+		code == http.StatusRequestTimeout, code == http.StatusConflict,
+		code == http.StatusTooManyRequests, code >= 500:
+		res.outcome = writeFailed
+	default:
+		res.outcome = writeRefused
+	}
+	return res
+}
+
+// countError counts a failed request by its HTTP status, 0 for no answer.
+func countError(err error) {
+	code := 0
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		code = int(status.Status().Code)
+	}
+	apiErrors.WithLabelValues(strconv.Itoa(code)).Inc()
+}
+
+func retryAfter(err error) time.Duration {
+	if s, ok := apierrors.SuggestsClientDelay(err); ok {
+		return time.Duration(s) * time.Second
+	}
+	return 0
+}
+
+// writeFatal posts a fatal line at once: CoreDNS exits right after the
+// listeners return, so nothing queued would ever be written. It takes a
+// token of the fatal bucket like any write, waits for no other write and
+// for no UID lookup, and gives up after fatalTimeout.
+func (p *pipeline) writeFatal(ln line) {
+	var t tally
+	t.see()
+	p.mu.Lock()
+	_, ok := p.reserve(levelFatal, p.clock.Now())
+	p.mu.Unlock()
+	if !ok {
+		throttled[levelFatal].Inc()
+		t.drop(dropThrottled)
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.fatalTimeout)
+	defer cancel()
+	msg := eventMessage(ln.text)
+	res := p.write(ctx, writeSpec{key: eventKey{levelFatal, ln.plugin, msg}, message: msg, count: 1, first: ln.at, last: ln.at}, false)
+	p.mu.Lock()
+	p.spend(levelFatal, p.clock.Now(), res.reached)
+	p.mu.Unlock()
+	if res.outcome != writeOK {
+		t.drop(dropFailed)
+		return
+	}
+	t.carry(1)
+	eventWrites.WithLabelValues(levelFatal.reason(), res.verb).Inc()
+}
+
+// rejectionLog says why writes fail, at most once a minute, through the
+// package logger: a plugin logger would feed the listener.
+type rejectionLog struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+func (r *rejectionLog) report(now time.Time, err error, namespace string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.last.IsZero() && now.Sub(r.last) < time.Minute {
+		return
+	}
+	r.last = now
+	hint := "will retry"
+	switch {
+	case apierrors.IsForbidden(err):
+		hint = "grant create and patch on events in the core API group (\"\") to CoreDNS's service account"
+	case apierrors.IsNotFound(err):
+		hint = fmt.Sprintf("does the namespace %q exist?", namespace)
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+		hint = "the event was refused as invalid"
+	}
+	clog.Errorf("plugin/%s: writing event: %v: %s", pluginName, err, hint)
+}
