@@ -1,11 +1,14 @@
 package k8s_event
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"os"
 	"strconv"
 	"strings"
@@ -30,10 +33,12 @@ import (
 // the connection, answer late; a hung or reset request may still take
 // effect, as on a real API server.
 type fakeAPI struct {
-	t      testing.TB
 	srv    *httptest.Server
 	client kubernetes.Interface
 	clock  clock.PassiveClock // stamps the requests
+
+	closing   chan struct{}
+	closeOnce sync.Once
 
 	mu       sync.Mutex
 	events   map[string]*corev1.Event // by namespace/name
@@ -42,6 +47,8 @@ type fakeAPI struct {
 	requests []apiRequest      // every request that reached the server
 	refused  int               // requests refused before they left the client
 	fault    func(apiRequest) fault
+	decided  map[int]fault // by request number
+	seq      int
 	rv       int
 }
 
@@ -60,6 +67,7 @@ type fault struct {
 	unsent     bool          // the connection is refused: the request never reaches the server
 	code       int           // answer with this error status
 	retryAfter int           // seconds, with code
+	lost       bool          // it reaches the server and the answer is lost: a time-out at once
 	hang       bool          // no answer until the client gives up
 	reset      bool          // the connection is closed without an answer
 	apply      bool          // with hang or reset: the request takes effect all the same
@@ -68,46 +76,104 @@ type fault struct {
 
 func newFakeAPI(t testing.TB, clk clock.PassiveClock) *fakeAPI {
 	t.Helper()
-	api := &fakeAPI{t: t, clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}}
+	api, err := startFakeAPI(clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(api.close)
+	return api
+}
+
+// close stops the server, ending the requests that hang.
+func (api *fakeAPI) close() {
+	api.closeOnce.Do(func() { close(api.closing) })
+	api.srv.Close()
+}
+
+// startFakeAPI starts a fake API server; close stops it.
+func startFakeAPI(clk clock.PassiveClock) (*fakeAPI, error) {
+	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, decided: map[int]fault{}, closing: make(chan struct{})}
 	api.srv = httptest.NewServer(http.HandlerFunc(api.serve))
-	t.Cleanup(api.srv.Close)
 	cfg := &rest.Config{
 		Host: api.srv.URL,
 		QPS:  -1, // no client-side limit: the plugin's buckets are under test
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
 			return roundTripper(func(req *http.Request) (*http.Response, error) {
-				if api.refuse(req) {
+				seq, f := api.decide(req)
+				switch {
+				case f.unsent:
 					return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+				case f.lost:
+					return api.lose(rt, req, seq, f)
 				}
+				req = req.Clone(req.Context())
+				req.Header.Set(faultHeader, strconv.Itoa(seq))
 				return rt.RoundTrip(req)
 			})
 		},
 	}
 	var err error
 	if api.client, err = kubernetes.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
+		api.srv.Close()
+		return nil, err
 	}
-	return api
+	return api, nil
 }
 
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// refuse decides, before a request leaves the client, whether its
-// connection is refused.
-func (api *fakeAPI) refuse(r *http.Request) bool {
+// faultHeader carries a request's number from the client to the server.
+const faultHeader = "X-Fault-Seq"
+
+// decide draws the fault of a request once, before it leaves the client:
+// it is refused there, or numbered for the server to find its fault.
+func (api *fakeAPI) decide(r *http.Request) (int, fault) {
 	api.mu.Lock()
 	defer api.mu.Unlock()
-	if api.fault == nil {
-		return false
+	var f fault
+	if api.fault != nil {
+		f = api.fault(api.describe(r, ""))
 	}
-	req := api.describe(r, "")
-	if api.fault(req).unsent {
+	if f.unsent {
 		api.refused++
-		return true
+		return 0, f
 	}
-	return false
+	api.seq++
+	if !f.lost {
+		api.decided[api.seq] = f
+	}
+	return api.seq, f
+}
+
+// lose is a request that reaches the API and gets no answer, at once
+// rather than after a time-out: its headers are written (the client's
+// trace hears so), it takes effect or not, and the answer is lost.
+func (api *fakeAPI) lose(rt http.RoundTripper, req *http.Request, seq int, f fault) (*http.Response, error) {
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.WroteHeaders != nil {
+		trace.WroteHeaders()
+	}
+	if f.apply {
+		req = req.Clone(req.Context())
+		req.Header.Set(faultHeader, strconv.Itoa(seq))
+		if resp, err := rt.RoundTrip(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	} else {
+		var body []byte
+		if req.Body != nil {
+			body, _ = io.ReadAll(req.Body)
+		}
+		r := httptest.NewRequest(req.Method, req.URL.String(), bytes.NewReader(body))
+		var ev corev1.Event
+		_ = json.Unmarshal(body, &ev)
+		api.mu.Lock()
+		api.requests = append(api.requests, api.describe(r, ev.Reason))
+		api.mu.Unlock()
+	}
+	return nil, fmt.Errorf("read tcp: %w", os.ErrDeadlineExceeded)
 }
 
 func (api *fakeAPI) setFault(f func(apiRequest) fault) {
@@ -144,19 +210,24 @@ func (api *fakeAPI) describe(r *http.Request, reason string) apiRequest {
 }
 
 func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
+	// Reading the whole body lets the server see the client go away.
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	var ev corev1.Event
 	if r.Method == http.MethodPost {
-		if err := json.NewDecoder(r.Body).Decode(&ev); err != nil {
+		if err := json.Unmarshal(body, &ev); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
 	}
 	api.mu.Lock()
 	req := api.describe(r, ev.Reason)
-	var f fault
-	if api.fault != nil {
-		f = api.fault(req)
-	}
+	seq, _ := strconv.Atoi(r.Header.Get(faultHeader))
+	f := api.decided[seq]
+	delete(api.decided, seq)
 	api.mu.Unlock()
 
 	if f.delay > 0 {
@@ -181,7 +252,10 @@ func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	api.mu.Unlock()
 	switch {
 	case f.hang:
-		<-r.Context().Done()
+		select {
+		case <-r.Context().Done():
+		case <-api.closing:
+		}
 	case f.reset:
 		if hj, ok := w.(http.Hijacker); ok {
 			if conn, _, err := hj.Hijack(); err == nil {
@@ -308,11 +382,16 @@ func (api *fakeAPI) writes() (creates, patches int) {
 	return creates, patches
 }
 
-// expire deletes every event, as the API server's event TTL does.
-func (api *fakeAPI) expire() {
+// expire deletes every event, as the API server's event TTL does, and
+// returns the sum of their counts.
+func (api *fakeAPI) expire() (counts int64) {
 	api.mu.Lock()
 	defer api.mu.Unlock()
+	for _, ev := range api.events {
+		counts += int64(ev.Count)
+	}
 	clear(api.events)
+	return counts
 }
 
 func (api *fakeAPI) addPod(pod *corev1.Pod) {

@@ -1,8 +1,11 @@
 package k8s_event
 
 import (
+	"cmp"
 	"context"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -167,6 +170,13 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 	}
 	p.cacheSize = cfg.cacheSize
 	p.cache.Resize(cfg.cacheSize)
+	for e := range p.settling {
+		if len(p.settling) <= p.cacheSize {
+			break
+		}
+		delete(p.settling, e)
+		p.drop(e, dropEvicted)
+	}
 	var due []*entry
 	for _, e := range p.cache.Values() {
 		if e.pending() > 0 && !e.inflight && !e.retryAt.After(now) {
@@ -478,13 +488,17 @@ func (p *pipeline) stop(timeout time.Duration) {
 	})
 }
 
-// pendingEntries lists the entries with lines to write, oldest first.
-// Called with p.mu held.
+// pendingEntries lists the entries with lines to write: those settling,
+// then the cache's from the least recently seen. Called with p.mu held.
 func (p *pipeline) pendingEntries() []*entry {
 	var out []*entry
 	for e := range p.settling {
 		out = append(out, e)
 	}
+	slices.SortFunc(out, func(a, b *entry) int {
+		return cmp.Or(a.first.Compare(b.first), strings.Compare(a.key.plugin, b.key.plugin),
+			strings.Compare(a.key.message, b.key.message), cmp.Compare(a.key.level, b.key.level), strings.Compare(a.name, b.name))
+	})
 	for _, e := range p.cache.Values() {
 		if e.pending() > 0 && e.dropped == 0 {
 			out = append(out, e)

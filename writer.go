@@ -93,7 +93,7 @@ func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernet
 	if !id.lookup.Load() {
 		return ref, 0, nil
 	}
-	if wait := id.nextTry.Sub(p.clock.Now()); wait > 0 {
+	if wait := id.nextTry.Sub(p.clock.Now()); wait > 0 && !p.flushing.Load() {
 		return ref, wait, errLookupPending
 	}
 	var pod corev1.Pod
@@ -261,6 +261,9 @@ func (p *pipeline) writeFatal(ln line) {
 	res := p.write(ctx, writeSpec{key: eventKey{levelFatal, ln.plugin, msg}, message: msg, count: 1, first: ln.at, last: ln.at}, false)
 	p.mu.Lock()
 	p.spend(levelFatal, p.clock.Now(), res.reached)
+	if res.unsure {
+		p.doubtful++
+	}
 	p.mu.Unlock()
 	if res.outcome != writeOK {
 		t.drop(dropFailed)
