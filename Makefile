@@ -8,21 +8,50 @@ GO ?= go
 E2E_TIMEOUT ?= 30m
 FUZZTIME ?= 60s
 
+VERSION := $(shell cat VERSION)
+REVISION := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+COREDNS_VERSION := $(shell $(GO) list -m -f '{{.Version}}' github.com/coredns/coredns | sed 's/^v//')
+# coredns -version names the k8s_event build in its commit field.
+LDFLAGS := -s -w -X github.com/coredns/coredns/coremain.GitCommit=k8s_event-$(VERSION)+$(REVISION)
+IMAGE_NAME ?= coredns-k8s-event
+IMAGE_TAG ?= $(COREDNS_VERSION)-$(VERSION)
+IMAGE_ARCHIVE ?= bin/$(IMAGE_NAME)-$(IMAGE_TAG).tar
+PLATFORMS ?= linux/amd64 linux/arm64
+
 # with_tools runs its argument with KUBE_APISERVER, ETCD and KUBECTL set,
 # building them first when they are missing.
 with_tools = tools_env=$$(hack/tools.sh env); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build build-check tools test test-unit test-e2e demo bench fuzz clean
+.PHONY: all build build-check image release tools test test-unit test-faults test-e2e demo bench fuzz mutate clean
 
 all: build
 
+# build is a static CoreDNS with every in-tree plugin, kubeapi and k8s_event.
 build:
-	$(GO) build -o bin/coredns ./cmd/coredns
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/coredns ./cmd/coredns
+
+# image writes the CoreDNS image as an archive for `docker load`,
+# `ctr -n k8s.io images import` or `kind load image-archive`; no registry and
+# no builder daemon are needed. The Dockerfile builds the same image.
+image: build
+	$(GO) run ./hack/image -binary bin/coredns -name $(IMAGE_NAME) -tag $(IMAGE_TAG) \
+		-version $(VERSION) -revision $(REVISION) -coredns $(COREDNS_VERSION) -out $(IMAGE_ARCHIVE)
+
+# release writes dist/: static binaries for PLATFORMS, the image archive of
+# this machine's platform, and their SHA-256 sums.
+release: image
+	rm -rf dist && mkdir -p dist
+	for p in $(PLATFORMS); do \
+		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
+			-o dist/coredns-k8s_event-$(VERSION)-$${p%/*}-$${p#*/} ./cmd/coredns; \
+	done
+	cp $(IMAGE_ARCHIVE) dist/
+	cd dist && sha256sum * > SHA256SUMS
 
 tools:
 	hack/tools.sh install
 
-test: tools test-unit build-check test-e2e
+test: tools test-unit test-faults build-check test-e2e
 
 # build-check builds the CoreDNS of cmd/coredns and checks that it has both plugins.
 build-check: build
@@ -31,6 +60,12 @@ build-check: build
 
 test-unit:
 	$(GO) test -race -count=1 ./...
+
+# test-faults runs the fault model over many more seeds than test-unit does,
+# without the race detector.
+FAULT_SEEDS ?= 2000
+test-faults:
+	$(GO) test -count=1 -run '^TestFaultModel$$' -faultmodel.seeds=$(FAULT_SEEDS) -v . | grep -E '^(---|ok|FAIL|\s+faultmodel)'
 
 test-e2e:
 	$(with_tools) $(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) ./test/e2e/...
@@ -61,5 +96,14 @@ fuzz:
 		done; \
 	done
 
+# mutate runs a mutation tester over the root package: each mutant is a
+# small change of the code that the unit tests must catch. Not part of
+# `make test`: it takes a while.
+GREMLINS_VERSION ?= v0.6.0
+mutate:
+	mkdir -p bin
+	K8S_EVENT_FAULT_SEEDS=40 $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@$(GREMLINS_VERSION) unleash \
+		--timeout-coefficient 20 --workers 1 --output bin/mutate.json . | tee bin/mutate.txt
+
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -1,9 +1,11 @@
 package k8s_event
 
 import (
+	"fmt"
 	"io"
 	"log"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -162,5 +164,35 @@ func BenchmarkBaseline(b *testing.B) {
 			}
 			settle(b, p, dropped, throttled)
 		})
+	}
+}
+
+// BenchmarkCacheBytesPerEvent fills a cache of 4096 events (the default
+// CACHESIZE) with distinct lines of a typical length (B/line), as many
+// plugins log them, and reports the heap each cached event holds, its
+// message included: CACHESIZE times B/event is what the cache takes; a
+// longer message adds its length, up to the 1 KiB cap.
+func BenchmarkCacheBytesPerEvent(b *testing.B) {
+	const n = defaultCacheSize
+	for range b.N {
+		p, _, clk := newTestPipeline(b, testConfig(levelsOf(levelError), defaultQPS, defaultBurst, n))
+		lines := make([]line, n)
+		for i := range lines {
+			plugin := fmt.Sprintf("plugin/p%d: ", i) // one plugin each: no combining
+			lines[i] = line{level: levelError, plugin: plugin, at: clk.Now(),
+				text: plugin + fmt.Sprintf("2 q%06d.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout", i)}
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for _, ln := range lines {
+			ln.text = strings.Clone(ln.text) // the listener's allocation, which the event keeps
+			p.observe(ln)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/event")
+		b.ReportMetric(float64(len(lines[0].text)), "B/line")
+		runtime.KeepAlive(p)
 	}
 }

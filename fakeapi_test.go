@@ -3,8 +3,8 @@ package k8s_event
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"sort"
 	"strings"
 	"testing"
@@ -22,9 +24,18 @@ import (
 //
 //	go test -run TestFaultModel -faultmodel.seed=N -v .
 var (
-	faultSeeds = flag.Int("faultmodel.seeds", 300, "number of seeds the fault model runs")
+	faultSeeds = flag.Int("faultmodel.seeds", seedsFromEnv(300), "number of seeds the fault model runs (default $K8S_EVENT_FAULT_SEEDS or 300)")
 	faultSeed  = flag.Uint64("faultmodel.seed", 0, "run this seed of the fault model only")
 )
+
+// seedsFromEnv lets tools that cannot pass test flags (mutation testing)
+// set the number of seeds.
+func seedsFromEnv(n int) int {
+	if v, err := strconv.Atoi(os.Getenv("K8S_EVENT_FAULT_SEEDS")); err == nil && v > 0 {
+		return v
+	}
+	return n
+}
 
 // faultStats adds up what the runs injected and saw.
 type faultStats struct {
@@ -63,7 +74,7 @@ func TestFaultModel(t *testing.T) {
 type apiMode uint8
 
 const (
-	apiHealthy apiMode = iota
+	apiHealthy  apiMode = iota
 	apiRefusing         // connections refused: nothing reaches it
 	apiSilent           // connections accepted, never answered
 	apiFlaky            // each request meets a random fault, or none
@@ -81,7 +92,7 @@ type model struct {
 	before    ledger
 	fed       float64 // lines handed to the listener
 	expired   int64   // counts of events the TTL removed
-	realTime  bool // a silent API makes calls wait for their time-out
+	realTime  bool    // a silent API makes calls wait for their time-out
 	maxBurst  int
 	maxQPS    float64
 	lastFatal time.Duration

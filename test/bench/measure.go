@@ -214,10 +214,10 @@ func (b *bench) writeBudget(ctx context.Context) error {
 	}
 	lines := m.sum("coredns_k8s_event_lines_total", "level", "error")
 	pending := m.sum("coredns_k8s_event_pending_lines")
-	dropped := m.byLabel("coredns_k8s_event_dropped_total", "reason")
+	dropped := m.byLabel("coredns_k8s_event_dropped_total", "cause")
 	droppedSum := 0.0
 	var dropTexts []string
-	for _, r := range []string{"queue_full", "evicted", "rejected", "shutdown"} {
+	for _, r := range []string{"queue_full", "evicted", "shutdown", "throttled", "failed"} {
 		droppedSum += dropped[r]
 		dropTexts = append(dropTexts, fmt.Sprintf("%s %.0f", r, dropped[r]))
 	}

@@ -3,17 +3,22 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/miekg/dns"
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -21,29 +26,25 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// manifests reads every YAML document of the files in deploy/.
+// Paths of the kustomizations in deploy/.
+var (
+	kubeadmDir = func() string { return filepath.Join(repoRoot, "deploy", "kubeadm") }
+	overlayDir = func() string { return filepath.Join(repoRoot, "deploy", "k8s_event") }
+)
+
+// manifests is what `kubectl kustomize` makes of the overlay, a document each.
 func manifests(t *testing.T) [][]byte {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(repoRoot, "deploy", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests in deploy/: %v", err)
-	}
 	var docs [][]byte
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for doc := range strings.SplitSeq(string(b), "\n---") {
-			if strings.Contains(doc, "kind:") {
-				docs = append(docs, []byte(doc))
-			}
+	for doc := range strings.SplitSeq(kubectl(t, "kustomize", overlayDir()), "\n---") {
+		if strings.Contains(doc, "kind:") {
+			docs = append(docs, []byte(doc))
 		}
 	}
 	return docs
 }
 
-// manifest decodes the document of deploy/ of that kind.
+// manifest decodes the document of the overlay of that kind.
 func manifest(t *testing.T, kind string, into any) {
 	t.Helper()
 	for _, doc := range manifests(t) {
@@ -53,28 +54,88 @@ func manifest(t *testing.T, kind string, into any) {
 		}
 		if meta.Kind == kind {
 			if err := yaml.UnmarshalStrict(doc, into); err != nil {
-				t.Fatalf("deploy/ %s: %v", kind, err)
+				t.Fatalf("overlay %s: %v", kind, err)
 			}
 			return
 		}
 	}
-	t.Fatalf("deploy/ has no %s", kind)
+	t.Fatalf("the overlay has no %s", kind)
 }
 
-func TestDeployManifests(t *testing.T) {
-	out := kubectl(t, "apply", "--dry-run=server", "-f", filepath.Join(repoRoot, "deploy"))
-	for _, obj := range []string{
-		"serviceaccount/coredns", "role.rbac.authorization.k8s.io/coredns-k8s-event",
-		"rolebinding.rbac.authorization.k8s.io/coredns-k8s-event", "configmap/coredns", "deployment.apps/coredns",
-	} {
-		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(obj) + ` \S+ \(server dry run\)$`).MatchString(out) {
-			t.Errorf("kubectl apply --dry-run=server: %s missing from\n%s", obj, out)
-		}
+// installStockDNS puts a cluster DNS as kubeadm lays it out into
+// kube-system, once.
+var installStockDNS = sync.OnceValue(func() error {
+	_, stderr, err := kube.Kubectl(context.Background(), "apply", "-k", kubeadmDir())
+	if err != nil {
+		return fmt.Errorf("kubectl apply -k deploy/kubeadm: %v: %s", err, stderr)
+	}
+	return nil
+})
+
+// TestOverlay applies the overlay over a cluster DNS as kubeadm lays it
+// out: what it makes, that the API server takes it, and that it changes
+// nothing but what k8s_event needs.
+func TestOverlay(t *testing.T) {
+	ctx := t.Context()
+	if err := installStockDNS(); err != nil {
+		t.Fatal(err)
+	}
+	cs := kube.Clientset
+	stock, err := cs.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := cs.CoreV1().Services("kube-system").Get(ctx, "kube-dns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, err := cs.CoreV1().ServiceAccounts("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
 
-	t.Run("downward API", func(t *testing.T) {
+	out := kubectl(t, "apply", "--dry-run=server", "-k", overlayDir())
+	for _, obj := range []string{
+		"role.rbac.authorization.k8s.io/coredns-k8s-event", "rolebinding.rbac.authorization.k8s.io/coredns-k8s-event",
+		"configmap/coredns", "deployment.apps/coredns", "poddisruptionbudget.policy/coredns",
+	} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(obj) + ` \S+ \(server dry run\)$`).MatchString(out) {
+			t.Errorf("kubectl apply -k --dry-run=server: %s missing from\n%s", obj, out)
+		}
+	}
+	for _, untouched := range []string{"service/", "serviceaccount/", "clusterrole"} {
+		if strings.Contains(out, untouched) {
+			t.Errorf("the overlay touches a %s object:\n%s", untouched, out)
+		}
+	}
+	t.Logf("kubectl apply --dry-run=server -k deploy/k8s_event:\n%s", out)
+	kubectl(t, "apply", "-k", overlayDir())
+
+	d, err := cs.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(d.Spec.Selector, stock.Spec.Selector) || d.Spec.Template.Labels["k8s-app"] != "kube-dns" {
+		t.Errorf("selector %v and labels %v, want the stock %v", d.Spec.Selector, d.Spec.Template.Labels, stock.Spec.Selector)
+	}
+	if d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || d.Spec.Strategy.RollingUpdate.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("strategy %+v, want a rolling update, one pod at a time", d.Spec.Strategy)
+	}
+	if d.Generation == stock.Generation {
+		t.Error("the Deployment did not change")
+	}
+	if got, err := cs.CoreV1().Services("kube-system").Get(ctx, "kube-dns", metav1.GetOptions{}); err != nil || got.ResourceVersion != svc.ResourceVersion {
+		t.Errorf("the Service changed (%v)", err)
+	}
+	if got, err := cs.CoreV1().ServiceAccounts("kube-system").Get(ctx, "coredns", metav1.GetOptions{}); err != nil || got.ResourceVersion != sa.ResourceVersion {
+		t.Errorf("the ServiceAccount changed (%v)", err)
+	}
+
+	t.Run("Deployment", func(t *testing.T) {
 		var d appsv1.Deployment
 		manifest(t, "Deployment", &d)
+		spec := d.Spec.Template.Spec
+		c := spec.Containers[0]
 		want := map[string]string{
 			"COREDNS_POD_NAME":  "metadata.name",
 			"COREDNS_NAMESPACE": "metadata.namespace",
@@ -82,32 +143,85 @@ func TestDeployManifests(t *testing.T) {
 			"COREDNS_NODE_NAME": "spec.nodeName",
 		}
 		got := map[string]string{}
-		for _, e := range d.Spec.Template.Spec.Containers[0].Env {
+		for _, e := range c.Env {
 			if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
 				got[e.Name] = e.ValueFrom.FieldRef.FieldPath
 			}
 		}
-		for name, path := range want {
-			if got[name] != path {
-				t.Errorf("env %s: fieldPath %q, want %q", name, got[name], path)
-			}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("downward-API env %v, want %v", got, want)
 		}
-		if sa := d.Spec.Template.Spec.ServiceAccountName; sa != "coredns" {
-			t.Errorf("serviceAccountName %q, want coredns", sa)
+		if c.Image != imageRef() || strings.HasSuffix(c.Image, ":latest") {
+			t.Errorf("image %q, want the pinned %q", c.Image, imageRef())
+		}
+		checks := map[string]bool{
+			"name coredns in kube-system":      d.Name == "coredns" && d.Namespace == "kube-system",
+			"serviceAccountName coredns":       spec.ServiceAccountName == "coredns",
+			"dnsPolicy Default":                spec.DNSPolicy == corev1.DNSDefault,
+			"priorityClassName":                spec.PriorityClassName == "system-cluster-critical",
+			"nodeSelector linux":               spec.NodeSelector["kubernetes.io/os"] == "linux",
+			"CriticalAddonsOnly toleration":    slices.ContainsFunc(spec.Tolerations, func(t corev1.Toleration) bool { return t.Key == "CriticalAddonsOnly" }),
+			"anti-affinity":                    spec.Affinity != nil && spec.Affinity.PodAntiAffinity != nil,
+			"liveness /health with 5 failures": c.LivenessProbe != nil && c.LivenessProbe.HTTPGet.Path == "/health" && c.LivenessProbe.FailureThreshold == 5 && c.LivenessProbe.InitialDelaySeconds == 60,
+			"readiness /ready":                 c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet.Path == "/ready",
+			"memory limit 170Mi":               c.Resources.Limits.Memory().String() == "170Mi",
+			"no privilege escalation":          c.SecurityContext != nil && c.SecurityContext.AllowPrivilegeEscalation != nil && !*c.SecurityContext.AllowPrivilegeEscalation,
+			"read-only root":                   c.SecurityContext.ReadOnlyRootFilesystem != nil && *c.SecurityContext.ReadOnlyRootFilesystem,
+			"drop ALL, add NET_BIND_SERVICE":   reflect.DeepEqual(c.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"}) && reflect.DeepEqual(c.SecurityContext.Capabilities.Add, []corev1.Capability{"NET_BIND_SERVICE"}),
+			"args -conf /etc/coredns/Corefile": slices.Equal(c.Args, []string{"-conf", "/etc/coredns/Corefile"}),
+			"imagePullPolicy IfNotPresent":     c.ImagePullPolicy == corev1.PullIfNotPresent,
+		}
+		for what, ok := range checks {
+			if !ok {
+				t.Errorf("Deployment: not %s", what)
+			}
 		}
 	})
 
-	t.Run("Corefile starts", func(t *testing.T) {
+	t.Run("Corefile", func(t *testing.T) {
 		var cm corev1.ConfigMap
 		manifest(t, "ConfigMap", &cm)
 		corefile := cm.Data["Corefile"]
-		for _, want := range []string{"kubeapi", "k8s_event"} {
-			if !strings.Contains(corefile, want) {
-				t.Errorf("the ConfigMap's Corefile does not use %s", want)
+		for _, want := range []string{
+			"kubeapi", "k8s_event", "kubernetes cluster.local in-addr.arpa ip6.arpa", "forward . /etc/resolv.conf",
+			"cache 30", "loop", "reload", "health", "ready", "prometheus :9153", "errors", "loadbalance",
+		} {
+			if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(want) + `( \{)?$`).MatchString(corefile) {
+				t.Errorf("the Corefile has no %q:\n%s", want, corefile)
 			}
 		}
-		startCoreDNS(t, testPod(t), localCorefile(corefile))
+		c := startCoreDNS(t, testPod(t), localCorefile(corefile))
+		if r := c.query("kubernetes.default.svc.cluster.local.", dns.TypeA); r.Rcode != dns.RcodeSuccess {
+			t.Errorf("kubernetes.default.svc.cluster.local.: %s, want an answer from the kubernetes plugin", dns.RcodeToString[r.Rcode])
+		}
 	})
+
+	t.Run("Role and PodDisruptionBudget", func(t *testing.T) {
+		var role rbacv1.Role
+		manifest(t, "Role", &role)
+		if got := flatten(role.Rules); role.Namespace != "kube-system" || !slices.Equal(got, flatten(eventRules)) {
+			t.Errorf("Role in %q grants %v, want %v in kube-system", role.Namespace, got, flatten(eventRules))
+		}
+		var rb rbacv1.RoleBinding
+		manifest(t, "RoleBinding", &rb)
+		if len(rb.Subjects) != 1 || rb.Subjects[0].Kind != "ServiceAccount" || rb.Subjects[0].Name != "coredns" || rb.Subjects[0].Namespace != "kube-system" || rb.RoleRef.Name != role.Name {
+			t.Errorf("RoleBinding %+v, want the Role bound to kube-system/coredns", rb)
+		}
+		var pdb policyv1.PodDisruptionBudget
+		manifest(t, "PodDisruptionBudget", &pdb)
+		if pdb.Spec.Selector.MatchLabels["k8s-app"] != "kube-dns" || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+			t.Errorf("PodDisruptionBudget %+v, want one kube-dns pod at most unavailable", pdb.Spec)
+		}
+	})
+}
+
+// imageRef is the image `make image` writes: the overlay must name it.
+func imageRef() string {
+	version, err := os.ReadFile(filepath.Join(repoRoot, "VERSION"))
+	if err != nil {
+		return ""
+	}
+	return "coredns-k8s-event:" + strings.TrimPrefix(corednsVersion(), "v") + "-" + strings.TrimSpace(string(version))
 }
 
 // eventRules are the rules that k8s_event needs: create and patch of core/v1
@@ -117,15 +231,7 @@ var eventRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []stri
 func TestRBAC(t *testing.T) {
 	ctx := t.Context()
 
-	t.Run("deploy/ grants only events create and patch", func(t *testing.T) {
-		var role rbacv1.Role
-		manifest(t, "Role", &role)
-		if got := flatten(role.Rules); !slices.Equal(got, flatten(eventRules)) {
-			t.Errorf("deploy/ Role grants %v, want %v", got, flatten(eventRules))
-		}
-	})
-
-	t.Run("README grants the same as deploy/", func(t *testing.T) {
+	t.Run("README grants the same as the overlay", func(t *testing.T) {
 		rules := readmeRules(t)
 		if got := flatten(rules); !slices.Equal(got, flatten(eventRules)) {
 			t.Errorf("README.md grants %v, want %v", got, flatten(eventRules))
@@ -134,7 +240,10 @@ func TestRBAC(t *testing.T) {
 
 	// Run CoreDNS as the ServiceAccount of deploy/ with nothing but deploy/'s
 	// RBAC: both a create and a patch must go through.
-	kubectl(t, "apply", "-f", filepath.Join(repoRoot, "deploy", "rbac.yaml"))
+	if err := installStockDNS(); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "apply", "-f", filepath.Join(overlayDir(), "rbac.yaml"))
 	kubeconfig, err := kube.ServiceAccountKubeconfig(ctx, "kube-system", "coredns")
 	if err != nil {
 		t.Fatal(err)
@@ -183,9 +292,11 @@ func TestRBAC(t *testing.T) {
 			}
 		}
 
-		// What the ServiceAccount may do beyond what any authenticated
-		// user may do must be exactly eventRules.
-		baseline, err := kube.ServiceAccountKubeconfig(ctx, "kube-system", "nobody")
+		// What the ServiceAccount may do beyond what kubeadm's CoreDNS
+		// may do must be exactly eventRules.
+		kubectl(t, "create", "serviceaccount", "-n", "kube-system", "coredns-stock")
+		kubectl(t, "create", "clusterrolebinding", "coredns-stock", "--clusterrole=system:coredns", "--serviceaccount=kube-system:coredns-stock")
+		baseline, err := kube.ServiceAccountKubeconfig(ctx, "kube-system", "coredns-stock")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -333,6 +444,14 @@ func localCorefile(corefile string) string {
 			out = append(out, "    kubeapi {", "        kubeconfig {{.Kubeconfig}}", "    }")
 			if next > depth {
 				skipTo = depth
+			}
+		case depth == 1 && fields[0] == "kubernetes":
+			// outside a pod, the kubernetes plugin reads the test's kubeconfig
+			out = append(out, line)
+			if next > depth {
+				out = append(out, "        kubeconfig {{.Kubeconfig}}")
+			} else {
+				out[len(out)-1] = line + " {\n        kubeconfig {{.Kubeconfig}}\n    }"
 			}
 		case depth == 1 && fields[0] == "loop":
 		case depth == 1 && fields[0] == "forward" && len(fields) >= 3:

@@ -46,14 +46,13 @@ const faultsCorefile = `.:{{.DNS}} {
 
 // Metric series of the plugin.
 const (
-	errorsNoAnswer  = `coredns_k8s_event_api_errors_total{code="0"}`
-	errors403       = `coredns_k8s_event_api_errors_total{code="403"}`
-	errors404       = `coredns_k8s_event_api_errors_total{code="404"}`
-	errors422       = `coredns_k8s_event_api_errors_total{code="422"}`
-	errors429       = `coredns_k8s_event_api_errors_total{code="429"}`
-	droppedRejected = `coredns_k8s_event_dropped_total{reason="rejected"}`
-	pendingLines    = `coredns_k8s_event_pending_lines`
-	goroutines      = `go_goroutines`
+	errorsNoAnswer = `coredns_k8s_event_api_errors_total{code="0"}`
+	errors403      = `coredns_k8s_event_api_errors_total{code="403"}`
+	errors404      = `coredns_k8s_event_api_errors_total{code="404"}`
+	errors422      = `coredns_k8s_event_api_errors_total{code="422"}`
+	errors429      = `coredns_k8s_event_api_errors_total{code="429"}`
+	pendingLines   = `coredns_k8s_event_pending_lines`
+	goroutines     = `go_goroutines`
 )
 
 // writeFailure is how the plugin says why a write failed.
@@ -219,20 +218,20 @@ func cpuTicks(t *testing.T, pid int) int64 {
 // clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
 const clockTicks = 100
 
-// accounted waits until every line captured at level is either pending or
-// dropped as rejected, none having reached the API, and returns the figures.
-func accounted(t *testing.T, c *coreDNS, level string) (lines, pending, rejected float64) {
+// accounted waits until every line captured at level is pending: the API
+// refused them, which drops none, and returns the figures.
+func accounted(t *testing.T, c *coreDNS, level string) (lines, pending float64) {
 	t.Helper()
 	series := `coredns_k8s_event_lines_total{level="` + level + `"}`
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
 		m := c.metrics()
-		lines, pending, rejected = metricValue(m, series), metricValue(m, pendingLines), metricValue(m, droppedRejected)
-		return lines > 0 && lines == pending+rejected, nil
+		lines, pending = metricValue(m, series), metricValue(m, pendingLines)
+		return lines > 0 && lines == pending && dropped(m) == 0, nil
 	})
 	if err != nil {
-		t.Errorf("%s=%v, want pending_lines (%v) + dropped{rejected} (%v)", series, lines, pending, rejected)
+		t.Errorf("%s=%v, want pending_lines (%v), and no line dropped (%v)", series, lines, pending, dropped(c.metrics()))
 	}
-	return lines, pending, rejected
+	return lines, pending
 }
 
 // failureLines returns the lines where the plugin says why writes fail.
@@ -448,11 +447,10 @@ func TestForbidden(t *testing.T) {
 			t.Errorf("failure line does not say %q: %s", want, lines[0])
 		}
 	}
-	m := c.metrics()
-	forbidden, rejected := metricValue(m, errors403), metricValue(m, droppedRejected)
-	t.Logf("api_errors{403}=%v dropped{rejected}=%v", forbidden, rejected)
-	if forbidden < 1 || rejected < 1 {
-		t.Errorf("api_errors{403}=%v dropped{rejected}=%v, want both above 0", forbidden, rejected)
+	forbidden := c.metric(errors403)
+	t.Logf("api_errors{403}=%v", forbidden)
+	if forbidden < 1 {
+		t.Errorf("api_errors{403}=%v, want above 0", forbidden)
 	}
 	// A refused event waits a minute: one write per message, no storm.
 	if forbidden > perRound {
@@ -461,15 +459,24 @@ func TestForbidden(t *testing.T) {
 	if evs, err := events(t.Context(), pod); err != nil || len(evs) != 0 {
 		t.Errorf("events without permission (%v):\n%s", err, describe(evs))
 	}
-	total, pending, _ := accounted(t, c, "warning")
-	t.Logf("lines_total=%v: pending_lines=%v, dropped{rejected}=%v", total, pending, rejected)
+	total, pending := accounted(t, c, "warning")
+	t.Logf("lines_total=%v: pending_lines=%v", total, pending)
 
+	// Once allowed, the refused lines land with the new ones, after the
+	// pause of a refused event, each line counted once.
 	setEventRules(t, pod.Namespace, sa, readmeRules(t))
+	granted := time.Now()
 	const fresh = "written once allowed"
 	c.logLine("warning", 3, fresh)
-	waitEvents(t, pod, "the line logged once allowed", func(evs []corev1.Event) bool {
-		return counts(evs, map[string]int32{"plugin/logline: " + fresh: 3})
+	want := map[string]int32{"plugin/logline: " + fresh: 3}
+	for j := range perRound {
+		want[fmt.Sprintf("plugin/logline: refused line %d", j)] = rounds
+	}
+	evs := waitEventsFor(t, pod, 90*time.Second, "every line, refused ones included, with its count", func(evs []corev1.Event) bool {
+		return counts(evs, want)
 	})
+	t.Logf("%d events %v after RBAC was granted:\n%s", len(evs), time.Since(granted).Round(time.Second), describe(evs))
+	c.ledger(pod)
 }
 
 // TestTooManyRequests runs CoreDNS against an API server whose
@@ -536,19 +543,18 @@ func TestNamespaceMissing(t *testing.T) {
 		<-ticker.C
 	}
 	elapsed := time.Since(start)
-	m := c.metrics()
-	notFound, rejected := metricValue(m, errors404), metricValue(m, droppedRejected)
-	t.Logf("%d lines of %d messages over %v: api_errors{404}=%v dropped{rejected}=%v", sent, keys, elapsed.Round(time.Millisecond), notFound, rejected)
-	if notFound < 1 || rejected < 1 {
-		t.Errorf("api_errors{404}=%v dropped{rejected}=%v, want both above 0", notFound, rejected)
+	notFound := c.metric(errors404)
+	t.Logf("%d lines of %d messages over %v: api_errors{404}=%v", sent, keys, elapsed.Round(time.Millisecond), notFound)
+	if notFound < 1 {
+		t.Errorf("api_errors{404}=%v, want above 0", notFound)
 	}
 	// The buckets allow 5 + 1/s·T writes; a refused event waits a minute, so
 	// each message is written once.
 	if bound := 5 + elapsed.Seconds(); notFound > bound || notFound > keys {
 		t.Errorf("api_errors{404}=%v over %v for %d messages, want at most %d (bucket bound %.0f)", notFound, elapsed.Round(time.Second), keys, keys, bound)
 	}
-	total, pending, _ := accounted(t, c, "error")
-	t.Logf("lines_total=%v: pending_lines=%v, dropped{rejected}=%v", total, pending, rejected)
+	total, pending := accounted(t, c, "error")
+	t.Logf("lines_total=%v: pending_lines=%v", total, pending)
 	lines := failureLines(c)
 	t.Logf("failure lines:\n%s", strings.Join(lines, "\n"))
 	if len(lines) < 1 || len(lines) > 2 {
@@ -568,10 +574,10 @@ func TestInvalidEvent(t *testing.T) {
 	c := startFaults(t, pod, faultsCorefile)
 	c.logLine("warning", 3, "an event the API server refuses")
 	waitFor(t, 10*time.Second, "a refused write", func() bool {
-		return c.metric(droppedRejected) >= 1
+		return c.metric(errors422) >= 1
 	})
 	m := c.metrics()
-	t.Logf("api_errors{422}=%v dropped{rejected}=%v", metricValue(m, errors422), metricValue(m, droppedRejected))
+	t.Logf("api_errors{422}=%v pending_lines=%v", metricValue(m, errors422), metricValue(m, pendingLines))
 	if metricValue(m, errors422) < 1 {
 		t.Errorf("api_errors{422}=%v, want above 0:\n%s", metricValue(m, errors422), strings.Join(failureLines(c), "\n"))
 	}

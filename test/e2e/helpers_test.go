@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -139,6 +140,12 @@ type corednsOption func(*corednsConfig)
 
 type corednsConfig struct {
 	kubeconfig string
+	noUID      bool
+}
+
+// withoutUID leaves COREDNS_POD_UID out of the environment.
+func withoutUID() corednsOption {
+	return func(c *corednsConfig) { c.noUID = true }
 }
 
 // withKubeconfig makes kubeapi use another kubeconfig than the admin one.
@@ -176,7 +183,11 @@ func startCoreDNS(t *testing.T, pod *corev1.Pod, corefile string, opts ...coredn
 	dir := t.TempDir()
 	c.conf = filepath.Join(dir, "Corefile")
 	c.writeCorefile()
-	c.Process, err = cluster.StartProcess("coredns", filepath.Join(dir, "coredns.log"), podEnv(pod), corednsBin, "-conf", c.conf)
+	env := podEnv(pod)
+	if cfg.noUID {
+		env = slices.DeleteFunc(env, func(v string) bool { return strings.HasPrefix(v, "COREDNS_POD_UID=") })
+	}
+	c.Process, err = cluster.StartProcess("coredns", filepath.Join(dir, "coredns.log"), env, corednsBin, "-conf", c.conf)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,8 @@ const (
 	proxyRefuse proxyMode = iota
 	// proxyForward passes bytes both ways.
 	proxyForward
+	// proxyBlackhole accepts connections and never answers.
+	proxyBlackhole
 )
 
 // faultProxy is a TCP proxy on loopback in front of the API server. It can
@@ -70,8 +72,19 @@ func (p *faultProxy) serve() {
 		p.accepted++
 		mode := p.mode
 		p.mu.Unlock()
-		if mode == proxyRefuse {
+		switch mode {
+		case proxyRefuse:
 			reset(c)
+			continue
+		case proxyBlackhole:
+			p.mu.Lock()
+			p.conns[c] = struct{}{}
+			p.mu.Unlock()
+			p.wg.Add(1)
+			go func() { // read and drop until cut
+				defer p.wg.Done()
+				_, _ = io.Copy(io.Discard, c)
+			}()
 			continue
 		}
 		up, err := net.DialTimeout("tcp", p.upstream, 5*time.Second)
