@@ -73,7 +73,10 @@ func newEvent(ref corev1.ObjectReference, node, namespace, name string, s writeS
 		instance = instance[:maxInstanceLen]
 	}
 	return &corev1.Event{
-		ObjectMeta:          metav1.ObjectMeta{Name: name, Namespace: namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{
+			labelPlugin: pluginLabel(s.key.plugin),
+			labelLevel:  s.key.level.String(),
+		}},
 		InvolvedObject:      ref,
 		Reason:              s.key.level.reason(),
 		Message:             s.text(),
@@ -86,6 +89,33 @@ func newEvent(ref corev1.ObjectReference, node, namespace, name string, s writeS
 		ReportingController: component,
 		ReportingInstance:   instance,
 	}
+}
+
+// Labels on every event: the plugin whose logger wrote the line, and its
+// level, so that `kubectl get events -l` and exporters select on them.
+const (
+	labelPlugin = "coredns.io/plugin"
+	labelLevel  = "coredns.io/level"
+)
+
+// pluginLabel is the plugin's name in CoreDNS's prefix "plugin/NAME: ",
+// made a valid label value: at most 63 characters of [A-Za-z0-9-_.],
+// beginning and ending with a letter or digit; "unknown" when nothing is
+// left.
+func pluginLabel(prefix string) string {
+	name := strings.TrimSuffix(strings.TrimPrefix(prefix, "plugin/"), ": ")
+	b := []byte(name)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			b[i] = '_'
+		}
+	}
+	name = string(b[:min(len(b), 63)])
+	name = strings.TrimFunc(name, func(r rune) bool { return r == '-' || r == '_' || r == '.' })
+	if name == "" {
+		return "unknown"
+	}
+	return name
 }
 
 // countPatch is the strategic-merge patch of a repeat: the total count, the

@@ -126,6 +126,14 @@ func eventProblems(ev *corev1.Event) []string {
 	if len(ev.Message) > maxMessageBytes {
 		problems = append(problems, fmt.Sprintf("message has %d bytes", len(ev.Message)))
 	}
+	for k, v := range ev.Labels {
+		for _, msg := range append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...) {
+			problems = append(problems, fmt.Sprintf("label %s=%s: %s", k, v, msg))
+		}
+	}
+	if len(ev.Labels) != 2 {
+		problems = append(problems, fmt.Sprintf("labels %v, want plugin and level", ev.Labels))
+	}
 	if ev.Count < 1 {
 		problems = append(problems, fmt.Sprintf("count %d", ev.Count))
 	}

@@ -32,6 +32,10 @@ const (
 	combineAfter  = 10
 	combineWindow = 10 * time.Minute
 	maxWindows    = 1024
+	// maxShapes bounds the combined events of one plugin and level in a
+	// window; lines of further shapes join one more, of shape otherShapes.
+	maxShapes   = 10
+	otherShapes = "*"
 
 	// Failed writes back off exponentially, with up to 20% jitter, from
 	// retryBase to retryMax; an event is retried for as long as it stays in
@@ -46,11 +50,12 @@ const (
 )
 
 // eventKey identifies one event: a log line, or, with an empty message, the
-// combined event of a plugin and level.
+// combined event of a plugin, level and shape.
 type eventKey struct {
 	level   level
 	plugin  string
 	message string
+	shape   string // of a combined event
 }
 
 func (k eventKey) combined() bool { return k.message == "" }
@@ -85,6 +90,24 @@ type windowKey struct {
 type window struct {
 	start    time.Time
 	distinct int
+	shapes   map[string]struct{} // of its combined events, at most maxShapes
+}
+
+// combinedShape is the shape whose combined event a line joins: its own,
+// or otherShapes once the window has maxShapes. Called with p.mu held.
+func (w *window) combinedShape(message string) string {
+	shape := lineShape(message)
+	if _, ok := w.shapes[shape]; ok {
+		return shape
+	}
+	if len(w.shapes) >= maxShapes {
+		return otherShapes
+	}
+	if w.shapes == nil {
+		w.shapes = map[string]struct{}{}
+	}
+	w.shapes[shape] = struct{}{}
+	return shape
 }
 
 // pipeline is the running machinery: the listener feeds lines, the
@@ -219,10 +242,12 @@ func (p *pipeline) observe(ln line) {
 
 	p.mu.Lock()
 	e, ok := p.cache.Get(key)
-	if !ok && p.tooManyDistinct(ln) {
-		aggregated[ln.level].Inc()
-		key.message = ""
-		e, ok = p.cache.Get(key)
+	if !ok {
+		if w := p.window(ln); w.distinct > combineAfter {
+			aggregated[ln.level].Inc()
+			key.message, key.shape = "", w.combinedShape(msg)
+			e, ok = p.cache.Get(key)
+		}
 	}
 	if !ok {
 		e = &entry{key: key, first: ln.at}
@@ -245,9 +270,9 @@ func (p *pipeline) observe(ln line) {
 // combinedPrefix marks the message of a combined event, as client-go does.
 const combinedPrefix = "(combined from similar events): "
 
-// tooManyDistinct counts a new distinct line of its plugin and level and
-// tells whether their window is over the limit. Called with p.mu held.
-func (p *pipeline) tooManyDistinct(ln line) bool {
+// window counts a new distinct line in the window of its plugin and level.
+// Called with p.mu held.
+func (p *pipeline) window(ln line) *window {
 	wk := windowKey{ln.level, ln.plugin}
 	w, ok := p.windows[wk]
 	if !ok {
@@ -258,10 +283,10 @@ func (p *pipeline) tooManyDistinct(ln line) bool {
 		p.windows[wk] = w
 	}
 	if ln.at.Sub(w.start) > combineWindow {
-		w.start, w.distinct = ln.at, 0
+		w.start, w.distinct, w.shapes = ln.at, 0, nil
 	}
 	w.distinct++
-	return w.distinct > combineAfter
+	return w
 }
 
 // evicted is the LRU's eviction callback, called with p.mu held.

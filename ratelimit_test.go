@@ -583,7 +583,7 @@ func TestBackoffGrowsAndIsForgotten(t *testing.T) {
 	var waits []time.Duration
 	for range 8 {
 		p.mu.Lock()
-		e, _ := p.cache.Peek(eventKey{levelError, "plugin/errors: ", "plugin/errors: failing"})
+		e, _ := p.cache.Peek(eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: failing"})
 		p.mu.Unlock()
 		p.sync(e)
 		waits = append(waits, e.retryAt.Sub(clk.Now()))
@@ -599,7 +599,7 @@ func TestBackoffGrowsAndIsForgotten(t *testing.T) {
 	p.observe(ln(levelError, "errors", "c", clk.Now())) // evicts "failing"
 	p.observe(ln(levelError, "errors", "failing", clk.Now()))
 	p.mu.Lock()
-	e, _ := p.cache.Peek(eventKey{levelError, "plugin/errors: ", "plugin/errors: failing"})
+	e, _ := p.cache.Peek(eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: failing"})
 	p.mu.Unlock()
 	if e.failures != 0 || !e.retryAt.IsZero() {
 		t.Errorf("a new entry inherits failures %d, retry at %v", e.failures, e.retryAt)

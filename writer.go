@@ -258,7 +258,7 @@ func (p *pipeline) writeFatal(ln line) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.fatalTimeout)
 	defer cancel()
 	msg := eventMessage(ln.text)
-	res := p.write(ctx, writeSpec{key: eventKey{levelFatal, ln.plugin, msg}, message: msg, count: 1, first: ln.at, last: ln.at}, false)
+	res := p.write(ctx, writeSpec{key: eventKey{level: levelFatal, plugin: ln.plugin, message: msg}, message: msg, count: 1, first: ln.at, last: ln.at}, false)
 	p.mu.Lock()
 	p.spend(levelFatal, p.clock.Now(), res.reached)
 	if res.unsure {

@@ -11,25 +11,24 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/dnsops/k8s_event/internal/image"
 )
 
 // corednsVersion is the CoreDNS module this repository builds on.
-func corednsVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, m := range bi.Deps {
-			if m.Path == "github.com/coredns/coredns" {
-				return m.Version
-			}
-		}
+var corednsVersion = sync.OnceValue(func() string {
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "github.com/coredns/coredns")
+	cmd.Dir = repoRoot
+	out, err := cmd.Output()
+	if err != nil {
+		return "unknown"
 	}
-	return ""
-}
+	return strings.TrimSpace(string(out))
+})
 
 // TestImage builds the image as a user does, with `make image`, and looks
 // inside: what the overlay names, entrypoint, user, the capability that
@@ -118,9 +117,9 @@ func TestImage(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "CoreDNS-"+strings.TrimPrefix(corednsVersion(), "v")) || !strings.Contains(string(out), "k8s_event-"+version) {
 		t.Errorf("coredns -version: %v\n%s", err, out)
 	}
-	plugins := must(exec.Command(bin, "-plugins").CombinedOutput())
-	for _, p := range []string{"dns.k8s_event", "dns.kubeapi", "dns.kubernetes"} {
-		if !strings.Contains(string(plugins), p) {
+	plugins := strings.Fields(string(must(exec.Command(bin, "-plugins").CombinedOutput())))
+	for _, p := range []string{"k8s_event", "kubeapi", "kubernetes"} {
+		if !slices.Contains(plugins, p) {
 			t.Errorf("coredns -plugins has no %s", p)
 		}
 	}

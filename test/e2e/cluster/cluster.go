@@ -158,7 +158,7 @@ func (c *Cluster) start(ctx context.Context, opts Options, apiserverBin, etcdBin
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + certs.saPub,
 		"--service-account-signing-key-file=" + certs.saKey,
-		"--service-cluster-ip-range=10.0.0.0/24",
+		"--service-cluster-ip-range=10.96.0.0/12", // kubeadm's: kube-dns is 10.96.0.10
 		"--authorization-mode=Node,RBAC",
 		// No controller-manager keeps the endpoints of the kubernetes
 		// Service, and a loopback address may not be published there.

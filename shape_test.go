@@ -1,0 +1,180 @@
+package k8s_event
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Lines as CoreDNS plugins log them, and their shapes.
+var shapeTests = []struct {
+	line, shape string
+}{
+	// errors: a timeout and a refusal from the same upstream are two shapes.
+	{"plugin/errors: 2 a.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout",
+		"plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o timeout"},
+	{"plugin/errors: 2 b.example.net. AAAA: read udp 10.0.0.5:50112->10.0.0.2:53: i/o timeout",
+		"plugin/errors: <n> <name>. AAAA: read udp <ip>-><ip>: i/o timeout"},
+	{"plugin/errors: 2 c.example.org. A: read udp 10.0.0.5:41235->10.0.0.3:53: read: connection refused",
+		"plugin/errors: <n> <name>. A: read udp <ip>-><ip>: read: connection refused"},
+	{"plugin/errors: 2 d.example.org. AAAA: dial udp [2001:db8::53]:53: connect: network is unreachable",
+		"plugin/errors: <n> <name>. AAAA: dial udp <ip>: connect: network is unreachable"},
+	{"plugin/errors: 2 _dmarc.example.com. TXT: dial tcp [fd00::10]:53: i/o timeout",
+		"plugin/errors: <n> <name>. TXT: dial tcp <ip>: i/o timeout"},
+	// forward
+	{"plugin/forward: no healthy upstream for 10.0.0.2:53 after 3 tries, last error: read udp [::1]:4412->[::1]:53: i/o timeout",
+		"plugin/forward: no healthy upstream for <ip> after <n> tries, last error: read udp <ip>-><ip>: i/o timeout"},
+	// reload
+	{"plugin/reload: Running configuration SHA512 = 3c5e8a39af4d0fb2d5a6eb1a4e5b1c2a0f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5",
+		"plugin/reload: Running configuration SHA512 = <hex>"},
+	{"plugin/reload: Corefile changed, reloading", "plugin/reload: Corefile changed, reloading"},
+	// kubernetes (client-go through klog)
+	{`plugin/kubernetes: pkg/mod/k8s.io/client-go@v0.37.1/tools/cache/reflector.go:566: failed to list *v1.Namespace: Get "https://10.96.0.1:443/api/v1/namespaces?limit=500&resourceVersion=0": dial tcp 10.96.0.1:443: i/o timeout`,
+		`plugin/kubernetes: pkg/mod/k8s.io/client-go@v0.37.1/tools/cache/reflector.go:566: failed to list *v1.Namespace: Get "https://10.96.0.1:443/api/v1/namespaces?limit=500&resourceVersion=<n>": dial tcp <ip>: i/o timeout`},
+	// health
+	{`plugin/health: Local health request to "http://:8080/health" took more than 1s: 1.234567s`,
+		`plugin/health: Local health request to "http://:8080/health" took more than <d>: <d>`},
+	// cache
+	{"plugin/cache: failed to prefetch a.example.org. A after 250ms", "plugin/cache: failed to prefetch <name>. A after <d>"},
+	// dnssec
+	{"plugin/dnssec: Failed to sign example.org. with key 12345: signature expired", "plugin/dnssec: Failed to sign <name>. with key <n>: signature expired"},
+	// loop
+	{`plugin/loop: Loop (127.0.0.1:53 -> :53) detected for zone ".", see https://coredns.io/plugins/loop#troubleshooting. Query: "HINFO 4547991504243258144.3688648895315093531."`,
+		`plugin/loop: Loop (<ip> -> :<n>) detected for zone ".", see https://coredns.io/plugins/loop#troubleshooting. Query: "HINFO <n>."`},
+	// identifiers
+	{"request 0x1f2e id=42 uuid 123e4567-e89b-12d3-a456-426614174000 took 1m30s", "request <hex> id=<n> uuid <uuid> took <d>"},
+	{"deadbeef accepted 12ab34cd", "deadbeef accepted <hex>"},
+	{"", ""},
+}
+
+func TestLineShape(t *testing.T) {
+	for _, tt := range shapeTests {
+		if got := lineShape(tt.line); got != tt.shape {
+			t.Errorf("lineShape(%q)\n got %q\nwant %q", tt.line, got, tt.shape)
+		}
+		if again := lineShape(tt.shape); again != tt.shape {
+			t.Errorf("the shape of %q is %q, not itself", tt.shape, again)
+		}
+	}
+	if a, b := lineShape(shapeTests[0].line), lineShape(shapeTests[2].line); a == b {
+		t.Errorf("a timeout and a refusal have one shape: %q", a)
+	}
+}
+
+// FuzzLineShape: any line has a shape, the shape of a shape is itself, and
+// the line is left as it was.
+func FuzzLineShape(f *testing.F) {
+	for _, tt := range shapeTests {
+		f.Add(tt.line)
+	}
+	f.Add("[::1]:53 ::1 fe80::1%eth0 ::ffff:10.0.0.1 1.2.3.4.5 a..b -> -> a=b=c")
+	f.Fuzz(func(t *testing.T, line string) {
+		before := strings.Clone(line)
+		s := lineShape(line)
+		if line != before {
+			t.Fatalf("lineShape changed its input %q to %q", before, line)
+		}
+		if again := lineShape(s); again != s {
+			t.Errorf("lineShape(%q) = %q, whose shape is %q", line, s, again)
+		}
+	})
+}
+
+func BenchmarkLineShape(b *testing.B) {
+	line := shapeTests[0].line
+	b.ReportAllocs()
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		lineShape(line)
+	}
+}
+
+// TestCombinedByShape: past the first distinct lines, a new line joins the
+// combined event of its own shape, never another's; counts are exact and
+// every message is a concrete line.
+func TestCombinedByShape(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1000, 1000, 4096))
+	before := readLedger()
+	timeout := func(i int) string {
+		return fmt.Sprintf("2 q%d.example.org. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", i, 40000+i)
+	}
+	refused := func(i int) string {
+		return fmt.Sprintf("2 r%d.example.net. AAAA: read udp 10.0.0.5:%d->10.0.0.3:53: read: connection refused", i, 50000+i)
+	}
+	for i := range 200 {
+		p.observe(ln(levelError, "errors", timeout(i), clk.Now()))
+		p.observe(ln(levelError, "errors", refused(i), clk.Now()))
+	}
+	drain(p)
+	perShape := map[string]int32{}
+	combined := 0
+	for _, ev := range events(t, api) {
+		msg := strings.TrimPrefix(ev.Message, combinedPrefix)
+		if msg != ev.Message {
+			combined++
+		}
+		if strings.Contains(msg, "<") {
+			t.Errorf("message %q is not a concrete line", ev.Message)
+		}
+		perShape[lineShape(msg)] += ev.Count
+		if ev.Labels[labelPlugin] != "errors" || ev.Labels[labelLevel] != "error" {
+			t.Errorf("labels %v", ev.Labels)
+		}
+	}
+	want := map[string]int32{
+		"plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o timeout":                 200,
+		"plugin/errors: <n> <name>. AAAA: read udp <ip>-><ip>: read: connection refused": 200,
+	}
+	if !reflect.DeepEqual(perShape, want) {
+		t.Errorf("counts by shape %v, want %v", perShape, want)
+	}
+	if n := len(events(t, api)); combined != 2 || n != combineAfter+2 {
+		t.Errorf("%d events, %d combined; want %d of their own and one combined per shape", n, combined, combineAfter)
+	}
+	checkLedger(t, api, before, 400)
+}
+
+// TestShapesAreBounded: a plugin whose lines have ever new shapes makes at
+// most combineAfter + maxShapes + 1 events per level and window.
+func TestShapesAreBounded(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1000, 1000, 4096))
+	words := []string{"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november", "oscar"}
+	n := 0
+	for _, a := range words {
+		for _, b := range words {
+			p.observe(ln(levelWarning, "forward", a+" went "+b, clk.Now()))
+			n++
+		}
+	}
+	drain(p)
+	var total int32
+	evs := events(t, api)
+	for _, ev := range evs {
+		total += ev.Count
+	}
+	if len(evs) != combineAfter+maxShapes+1 || total != int32(n) {
+		t.Errorf("%d events with counts adding up to %d, want %d events and %d", len(evs), total, combineAfter+maxShapes+1, n)
+	}
+}
+
+func TestPluginLabel(t *testing.T) {
+	for prefix, want := range map[string]string{
+		"plugin/errors: ":       "errors",
+		"plugin/k8s_external: ": "k8s_external",
+		"plugin/a b/c: ":        "a_b_c",
+		"plugin/-x-: ":          "x",
+		"plugin/: ":             "unknown",
+		"plugin/" + strings.Repeat("z", 80) + ": ": strings.Repeat("z", 63),
+	} {
+		got := pluginLabel(prefix)
+		if got != want {
+			t.Errorf("pluginLabel(%q) = %q, want %q", prefix, got, want)
+		}
+		if errs := validation.IsValidLabelValue(got); len(errs) != 0 {
+			t.Errorf("pluginLabel(%q) = %q: %v", prefix, got, errs)
+		}
+	}
+}
