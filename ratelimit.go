@@ -35,7 +35,7 @@ const (
 	// maxShapes bounds the combined events of one plugin and level in a
 	// window; lines of further shapes join one more, of shape otherShapes.
 	maxShapes   = 10
-	otherShapes = "*"
+	otherShapes = 1 // a shapeHash is never 1 in practice
 
 	// Failed writes back off exponentially, with up to 20% jitter, from
 	// retryBase to retryMax; an event is retried for as long as it stays in
@@ -55,7 +55,7 @@ type eventKey struct {
 	level   level
 	plugin  string
 	message string
-	shape   string // of a combined event
+	shape   uint64 // of a combined event: shapeHash of its lines
 }
 
 func (k eventKey) combined() bool { return k.message == "" }
@@ -90,13 +90,13 @@ type windowKey struct {
 type window struct {
 	start    time.Time
 	distinct int
-	shapes   map[string]struct{} // of its combined events, at most maxShapes
+	shapes   map[uint64]struct{} // of its combined events, at most maxShapes
 }
 
 // combinedShape is the shape whose combined event a line joins: its own,
 // or otherShapes once the window has maxShapes. Called with p.mu held.
-func (w *window) combinedShape(message string) string {
-	shape := lineShape(message)
+func (w *window) combinedShape(message string) uint64 {
+	shape := shapeHash(message)
 	if _, ok := w.shapes[shape]; ok {
 		return shape
 	}
@@ -104,7 +104,7 @@ func (w *window) combinedShape(message string) string {
 		return otherShapes
 	}
 	if w.shapes == nil {
-		w.shapes = map[string]struct{}{}
+		w.shapes = map[uint64]struct{}{}
 	}
 	w.shapes[shape] = struct{}{}
 	return shape

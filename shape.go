@@ -28,24 +28,66 @@ const (
 func lineShape(s string) string {
 	var b strings.Builder
 	b.Grow(len(s))
+	walkShape(&b, s)
+	return b.String()
+}
+
+// shapeHash is the 64-bit FNV-1a hash of lineShape(s), made without
+// building the shape: the correlator's key for a combined event.
+func shapeHash(s string) uint64 {
+	h := fnvHash(fnvOffset)
+	walkShape(&h, s)
+	return uint64(h)
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnvHash hashes what is written to it.
+type fnvHash uint64
+
+func (h *fnvHash) WriteString(s string) (int, error) {
+	for i := 0; i < len(s); i++ {
+		*h = (*h ^ fnvHash(s[i])) * fnvPrime
+	}
+	return len(s), nil
+}
+
+func (h *fnvHash) WriteByte(c byte) error {
+	*h = (*h ^ fnvHash(c)) * fnvPrime
+	return nil
+}
+
+// shapeSink is where a shape is written: a strings.Builder or an fnvHash.
+type shapeSink interface {
+	WriteString(string) (int, error)
+	WriteByte(byte) error
+}
+
+func walkShape(b shapeSink, s string) {
 	for len(s) > 0 {
 		i := strings.IndexAny(s, " \t")
 		if i < 0 {
 			i = len(s)
 		}
-		shapeWord(&b, s[:i])
+		shapeWord(b, s[:i])
 		if i == len(s) {
 			break
 		}
 		b.WriteByte(s[i])
 		s = s[i+1:]
 	}
-	return b.String()
 }
 
 // shapeWord writes the shape of one word: each side of "->", and the value
 // of key=value, shaped alone.
-func shapeWord(b *strings.Builder, w string) {
+func shapeWord(b shapeSink, w string) {
+	if plainWord(w) {
+		b.WriteString(w)
+		return
+	}
 	for {
 		i := strings.Index(w, "->")
 		if i < 0 {
@@ -61,7 +103,7 @@ func shapeWord(b *strings.Builder, w string) {
 		return
 	}
 	end := len(w)
-	for end > 0 && strings.IndexByte(`)]}"'>,;:.?!`, w[end-1]) >= 0 {
+	for end > 0 && closing[w[end-1]] {
 		end--
 	}
 	if isIPv6(w[:end]) { // before ':' is taken for punctuation: ::1
@@ -70,7 +112,7 @@ func shapeWord(b *strings.Builder, w string) {
 		return
 	}
 	start := 0
-	for start < end && strings.IndexByte(`([{"'<:`, w[start]) >= 0 {
+	for start < end && opening[w[start]] {
 		if w[start] == '[' {
 			if n, ok := bracketedIP(w[start:]); ok {
 				b.WriteString(w[:start])
@@ -84,6 +126,29 @@ func shapeWord(b *strings.Builder, w string) {
 	b.WriteString(w[:start])
 	b.WriteString(shapeOf(w[start:end]))
 	b.WriteString(w[end:])
+}
+
+// Punctuation taken off a word's ends before it is classified.
+var opening, closing = byteSet(`([{"'<:`), byteSet(`)]}"'>,;:.?!`)
+
+func byteSet(chars string) (set [256]bool) {
+	for i := 0; i < len(chars); i++ {
+		set[chars[i]] = true
+	}
+	return set
+}
+
+// plainWord tells a word that no placeholder can replace: without a digit,
+// a dot, a colon, "->" or "=" (a name has a dot, a hex identifier a digit
+// or 0x, an IPv6 address a colon).
+func plainWord(w string) bool {
+	for i := 0; i < len(w); i++ {
+		switch c := w[i]; {
+		case c >= '0' && c <= '9', c == '.', c == ':', c == '=', c == '>':
+			return false
+		}
+	}
+	return true
 }
 
 // bracketedIP matches [v6]:port or [v6] at the start of w and returns its

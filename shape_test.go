@@ -58,6 +58,11 @@ func TestLineShape(t *testing.T) {
 		if again := lineShape(tt.shape); again != tt.shape {
 			t.Errorf("the shape of %q is %q, not itself", tt.shape, again)
 		}
+		var h fnvHash = fnvOffset
+		h.WriteString(tt.shape)
+		if shapeHash(tt.line) != uint64(h) {
+			t.Errorf("shapeHash(%q) is not the hash of its shape", tt.line)
+		}
 	}
 	if a, b := lineShape(shapeTests[0].line), lineShape(shapeTests[2].line); a == b {
 		t.Errorf("a timeout and a refusal have one shape: %q", a)
@@ -83,12 +88,13 @@ func FuzzLineShape(f *testing.F) {
 	})
 }
 
-func BenchmarkLineShape(b *testing.B) {
+// BenchmarkShapeHash is the correlator's cost of a combined line's shape.
+func BenchmarkShapeHash(b *testing.B) {
 	line := shapeTests[0].line
 	b.ReportAllocs()
 	b.SetBytes(int64(len(line)))
 	for b.Loop() {
-		lineShape(line)
+		shapeHash(line)
 	}
 }
 
