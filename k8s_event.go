@@ -4,9 +4,13 @@
 //
 // The work is split in three, and only the first runs on the DNS path:
 //
-//	listener (hook.go)       level test, format, non-blocking hand-off
+//	listener (hook.go)        level test, format, non-blocking hand-off
 //	correlator (ratelimit.go) one LRU of events: repeats counted, storms combined
-//	writers (ratelimit.go)   token bucket per reason, Create or Patch, retries
+//	                          by shape (shape.go), a token bucket per reason
+//	writers (writer.go)       one request per token, Create or Patch, retries
+//
+// Events are built in event.go; account.go is the one place where lines
+// move between seen, carried by a write, and dropped.
 //
 // One pipeline serves the whole process, whatever the number of server blocks
 // and across reloads: the broadcaster below attaches caddy instances to it and
