@@ -58,9 +58,26 @@ func TestSpecExample(t *testing.T) {
 	})
 
 	t.Run("metrics", func(t *testing.T) {
-		if m := c.metrics(); !strings.Contains(m, "\ncoredns_k8s_event_") {
-			t.Errorf("no coredns_k8s_event_ metrics:\n%s", m)
+		// The values, not only the series (which exist from the start): the
+		// error line taken and written by one create, the reload's info line
+		// written, nothing pending or dropped.
+		m := c.metrics()
+		if n := metricValue(m, `coredns_k8s_event_writes_total{reason="CoreDNSInfo",verb="create"}`); n < 1 {
+			t.Errorf("writes_total of CoreDNSInfo creates = %v, want at least 1", n)
 		}
+		for series, want := range map[string]float64{
+			`coredns_k8s_event_lines_total{level="error"}`:                        1,
+			`coredns_k8s_event_writes_total{reason="CoreDNSError",verb="create"}`: 1,
+			`coredns_k8s_event_pending_lines`:                                     0,
+		} {
+			if got := metricValue(m, series); got != want {
+				t.Errorf("%s = %v, want %v", series, got, want)
+			}
+		}
+		if d := dropped(m); d != 0 {
+			t.Errorf("dropped_total = %v, want 0", d)
+		}
+		c.ledger(pod)
 	})
 
 	t.Run("kubectl get events", func(t *testing.T) {
