@@ -47,7 +47,8 @@ type fakeAPI struct {
 	requests []apiRequest      // every request that reached the server
 	refused  int               // requests refused before they left the client
 	fault    func(apiRequest) fault
-	decided  map[int]fault // by request number
+	decided  map[int]fault     // by request number
+	sentAt   map[int]time.Time // when the client sent it, by request number
 	seq      int
 	rv       int
 }
@@ -92,7 +93,7 @@ func (api *fakeAPI) close() {
 
 // startFakeAPI starts a fake API server; close stops it.
 func startFakeAPI(clk clock.PassiveClock) (*fakeAPI, error) {
-	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, decided: map[int]fault{}, closing: make(chan struct{})}
+	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, decided: map[int]fault{}, sentAt: map[int]time.Time{}, closing: make(chan struct{})}
 	api.srv = httptest.NewServer(http.HandlerFunc(api.serve))
 	cfg := &rest.Config{
 		Host: api.srv.URL,
@@ -141,9 +142,8 @@ func (api *fakeAPI) decide(r *http.Request) (int, fault) {
 		return 0, f
 	}
 	api.seq++
-	if !f.lost {
-		api.decided[api.seq] = f
-	}
+	api.decided[api.seq] = f
+	api.sentAt[api.seq] = api.clock.Now()
 	return api.seq, f
 }
 
@@ -170,7 +170,11 @@ func (api *fakeAPI) lose(rt http.RoundTripper, req *http.Request, seq int, f fau
 		var ev corev1.Event
 		_ = json.Unmarshal(body, &ev)
 		api.mu.Lock()
-		api.requests = append(api.requests, api.describe(r, ev.Reason))
+		req := api.describe(r, ev.Reason)
+		req.at = api.sentAt[seq]
+		delete(api.decided, seq)
+		delete(api.sentAt, seq)
+		api.requests = append(api.requests, req)
 		api.mu.Unlock()
 	}
 	return nil, fmt.Errorf("read tcp: %w", os.ErrDeadlineExceeded)
@@ -227,7 +231,16 @@ func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	req := api.describe(r, ev.Reason)
 	seq, _ := strconv.Atoi(r.Header.Get(faultHeader))
 	f := api.decided[seq]
+	if f.lost {
+		f = fault{} // its answer is lost on the way back
+	}
+	if at, ok := api.sentAt[seq]; ok {
+		// A request is stamped when it was sent: the server may read a
+		// request the client gave up on only after the clock moved.
+		req.at = at
+	}
 	delete(api.decided, seq)
+	delete(api.sentAt, seq)
 	api.mu.Unlock()
 
 	if f.delay > 0 {
