@@ -1,7 +1,10 @@
 package k8s_event
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net/http"
 	"strings"
 	"sync"
@@ -675,5 +678,109 @@ func TestRequestsLogNowhere(t *testing.T) {
 	p, _, _ := newTestPipeline(t, testConfig(all, 1, 1, 1))
 	if sink := klog.FromContext(p.ctx).GetSink(); sink != nil {
 		t.Errorf("requests log through %T", sink)
+	}
+}
+
+// TestTally: the one place lines move. A dropped event has nothing
+// pending, and neither a later write nor a second drop counts its lines
+// again.
+func TestTally(t *testing.T) {
+	before := readLedger()
+	var tl tally
+	for range 5 {
+		tl.see()
+	}
+	tl.carry(3)
+	if tl.pending() != 2 {
+		t.Fatalf("pending %d after 5 seen and 3 carried", tl.pending())
+	}
+	tl.drop(dropEvicted)
+	tl.drop(dropEvicted)
+	tl.carry(5)
+	if tl.pending() != 0 || tl.carried != 3 || tl.dropped != 2 {
+		t.Errorf("after drops and a late carry: %+v, pending %d", tl, tl.pending())
+	}
+	if d := readLedger().since(before); d.pending != 0 || d.dropped[dropEvicted] != 2 || d.lines != 0 {
+		t.Errorf("metrics moved by pending %v dropped %v", d.pending, d.dropped)
+	}
+}
+
+// TestReserveWait: without a token, the wait is until the next one at the
+// bucket's rate, counting the requests in flight.
+func TestReserveWait(t *testing.T) {
+	p, _, clk := newTestPipeline(t, testConfig(all, 1.0/300, 2, 64))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range 2 {
+		if _, ok := p.reserve(levelError, clk.Now()); !ok {
+			t.Fatal("no token in a full bucket")
+		}
+	}
+	if wait, ok := p.reserve(levelError, clk.Now()); ok || wait < 299*time.Second || wait > 301*time.Second {
+		t.Errorf("third reservation: ok %v wait %v, want a wait of 300 s (both tokens held in flight, one more every 300 s)", ok, wait)
+	}
+	p.spend(levelError, clk.Now(), false) // never reached the API: the token is back
+	if wait, ok := p.reserve(levelError, clk.Now()); !ok || wait != 0 {
+		t.Errorf("after an unsent request: ok %v wait %v, want the token back", ok, wait)
+	}
+	p.spend(levelError, clk.Now(), true)
+	p.spend(levelError, clk.Now(), true)
+	if wait, ok := p.reserve(levelError, clk.Now()); ok || wait < 299*time.Second || wait > 301*time.Second {
+		t.Errorf("after two sent requests: ok %v wait %v, want 300 s", ok, wait)
+	}
+}
+
+// TestRetryAfterIsHonoured: a write is not retried before the API's
+// Retry-After, even when that is longer than the backoff.
+func TestRetryAfterIsHonoured(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	api.setFault(func(apiRequest) fault { return fault{code: http.StatusTooManyRequests, retryAfter: 90} })
+	p.observe(ln(levelError, "errors", "busy", clk.Now()))
+	drain(p)
+	p.mu.Lock()
+	e := p.pendingEntries()[0]
+	wait := e.retryAt.Sub(clk.Now())
+	p.mu.Unlock()
+	if wait < 90*time.Second {
+		t.Errorf("retry in %v, want at least the 90 s the API asked for", wait)
+	}
+}
+
+// TestRejectionLogOncePerMinute: why writes fail is said at most once a
+// minute.
+func TestRejectionLogOncePerMinute(t *testing.T) {
+	var buf strings.Builder
+	log.SetOutput(&buf)
+	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	var r rejectionLog
+	err := errors.New("boom")
+	for i := range 10 {
+		r.report(epoch.Add(time.Duration(i)*time.Second), err, "ns")
+	}
+	r.report(epoch.Add(time.Minute), err, "ns")
+	if n := strings.Count(buf.String(), "writing event: boom"); n != 2 {
+		t.Errorf("%d lines in 70 s, want 2:\n%s", n, buf.String())
+	}
+}
+
+// TestWindowsAreBounded: the combining windows of ever new plugins do not
+// grow without bound, and a window lasts combineWindow exactly.
+func TestWindowsAreBounded(t *testing.T) {
+	p, _, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	for i := range 3 * maxWindows {
+		p.observe(ln(levelError, fmt.Sprint("p", i), "x", clk.Now()))
+	}
+	if n := len(p.windows); n > maxWindows {
+		t.Errorf("%d windows, want at most %d", n, maxWindows)
+	}
+	clear(p.windows)
+	for i := range combineAfter {
+		p.observe(ln(levelWarning, "forward", fmt.Sprint("line ", i), clk.Now()))
+	}
+	clk.Step(combineWindow) // the same window still
+	before := testutil.ToFloat64(aggregated[levelWarning])
+	p.observe(ln(levelWarning, "forward", "one more", clk.Now()))
+	if testutil.ToFloat64(aggregated[levelWarning]) != before+1 {
+		t.Error("a line at the end of the window was not combined")
 	}
 }
