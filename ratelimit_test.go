@@ -523,6 +523,9 @@ func TestPatchOfGoneEventCreatesAnew(t *testing.T) {
 // write carries all of them. Each line is counted once.
 func TestRefusedLinesStayPending(t *testing.T) {
 	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	var logged strings.Builder
+	log.SetOutput(&logged)
+	t.Cleanup(func() { log.SetOutput(io.Discard) })
 	before := readLedger()
 	api.setFault(func(r apiRequest) fault { return fault{code: http.StatusForbidden} })
 	for range 3 {
@@ -537,6 +540,9 @@ func TestRefusedLinesStayPending(t *testing.T) {
 	d := checkLedger(t, api, before, 4)
 	if d.pending != 4 || d.droppedAll() != 0 {
 		t.Errorf("pending %v dropped %v, want 4 pending", d.pending, d.dropped)
+	}
+	if n := strings.Count(logged.String(), "grant create and patch on events"); n != 1 {
+		t.Errorf("said %d times why the write failed, want once:\n%s", n, logged.String())
 	}
 	api.setFault(nil) // RBAC fixed
 	clk.Step(rejectPause)
@@ -767,18 +773,32 @@ func TestRejectionLogOncePerMinute(t *testing.T) {
 // grow without bound, and a window lasts combineWindow exactly.
 func TestWindowsAreBounded(t *testing.T) {
 	p, _, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	most := 0
 	for i := range 3 * maxWindows {
 		p.observe(ln(levelError, fmt.Sprint("p", i), "x", clk.Now()))
+		most = max(most, len(p.windows))
 	}
-	if n := len(p.windows); n > maxWindows {
-		t.Errorf("%d windows, want at most %d", n, maxWindows)
+	if most != maxWindows {
+		t.Errorf("at most %d windows, want %d", most, maxWindows)
+	}
+	clear(p.windows)
+
+	// Windows of two plugins live side by side: lines of both, interleaved,
+	// are combined past the threshold of each.
+	before := testutil.ToFloat64(aggregated[levelInfo])
+	for i := range 2 * combineAfter {
+		p.observe(ln(levelInfo, "a", fmt.Sprint("a line ", i), clk.Now()))
+		p.observe(ln(levelInfo, "b", fmt.Sprint("b line ", i), clk.Now()))
+	}
+	if got := testutil.ToFloat64(aggregated[levelInfo]) - before; got != 2*combineAfter {
+		t.Errorf("%v lines combined, want %d", got, 2*combineAfter)
 	}
 	clear(p.windows)
 	for i := range combineAfter {
 		p.observe(ln(levelWarning, "forward", fmt.Sprint("line ", i), clk.Now()))
 	}
 	clk.Step(combineWindow) // the same window still
-	before := testutil.ToFloat64(aggregated[levelWarning])
+	before = testutil.ToFloat64(aggregated[levelWarning])
 	p.observe(ln(levelWarning, "forward", "one more", clk.Now()))
 	if testutil.ToFloat64(aggregated[levelWarning]) != before+1 {
 		t.Error("a line at the end of the window was not combined")
