@@ -804,3 +804,18 @@ func TestWindowsAreBounded(t *testing.T) {
 		t.Error("a line at the end of the window was not combined")
 	}
 }
+
+// TestFlushSaysWhyWritesFail: a refusal met during the flush at shutdown
+// is said, as during the run.
+func TestFlushSaysWhyWritesFail(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	var logged strings.Builder
+	log.SetOutput(&logged)
+	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	api.setFault(func(apiRequest) fault { return fault{code: http.StatusForbidden} })
+	p.observe(ln(levelError, "errors", "refused at shutdown", clk.Now()))
+	p.stop(time.Second)
+	if !strings.Contains(logged.String(), "grant create and patch on events") {
+		t.Errorf("the flush did not say why its write failed:\n%s", logged.String())
+	}
+}
