@@ -161,11 +161,11 @@ Point kubectl at this cluster:
 
 Make CoreDNS log more:
 
-  dig @127.0.0.1 -p %d x.fail.logline. A
   curl -X POST --data 'disk almost full' 'http://%s/log?level=warning&count=3'
+  dig @127.0.0.1 -p %d x.fail.logline. A    # dig: apt-get install dnsutils
 
 CoreDNS log: %s
-`, kube.KubeconfigPath, kubectl, namespace, dnsPort, loglineAddr, coredns.LogPath)
+`, kube.KubeconfigPath, kubectl, namespace, loglineAddr, dnsPort, coredns.LogPath)
 
 	if os.Getenv("DEMO_EXIT") == "1" || !term.IsTerminal(int(os.Stdin.Fd())) {
 		step("done; stopping (DEMO_EXIT=1 or no terminal)")
