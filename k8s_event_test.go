@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/coredns/coredns/core/dnsserver"
 	clog "github.com/coredns/coredns/plugin/pkg/log"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -199,5 +202,40 @@ func TestUIDLookedUpWhenMissing(t *testing.T) {
 	drain(p)
 	if ev := only(t, events(t, api)); ev.InvolvedObject.UID != corev1Pod.UID {
 		t.Errorf("uid %q, want %q", ev.InvolvedObject.UID, corev1Pod.UID)
+	}
+}
+
+// TestUIDLookupRetried: a pod read that fails for a cause that may pass
+// (503) is tried again, and the event then carries the UID; one the API
+// refuses (403) is given up, and events go without it.
+func TestUIDLookupRetried(t *testing.T) {
+	for _, tt := range []struct {
+		code    int
+		wantUID types.UID
+	}{{http.StatusServiceUnavailable, corev1Pod.UID}, {http.StatusForbidden, ""}} {
+		clk := clocktesting.NewFakeClock(epoch)
+		api := newFakeAPI(t, clk)
+		api.addPod(&corev1Pod)
+		failed := false
+		api.setFault(func(r apiRequest) fault {
+			if r.resource == "pods" && !failed {
+				failed = true
+				return fault{code: tt.code}
+			}
+			return fault{}
+		})
+		pod := &podIdentity{}
+		ref := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: corev1Pod.Name, Namespace: corev1Pod.Namespace}
+		pod.ref.Store(&ref)
+		pod.lookup.Store(true)
+		p := newPipeline(testConfig(all, 100, 100, 16), api.client, pod, clk)
+		t.Cleanup(func() { p.queue.ShutDown(); p.cancel() })
+		p.observe(ln(levelError, "errors", "x", clk.Now()))
+		drain(p)
+		clk.Step(retryMax * 2)
+		due(p)
+		if ev := only(t, events(t, api)); ev.InvolvedObject.UID != tt.wantUID {
+			t.Errorf("pod read answered %d first: uid %q, want %q", tt.code, ev.InvolvedObject.UID, tt.wantUID)
+		}
 	}
 }

@@ -571,6 +571,14 @@ func TestTransientAnswersAreRetried(t *testing.T) {
 				p.observe(ln(levelWarning, "forward", "busy", clk.Now()))
 			}
 			drain(p)
+			// A transient failure backs off from a second, not the minute of
+			// a refusal (or the Retry-After asked for).
+			p.mu.Lock()
+			wait := p.pendingEntries()[0].retryAt.Sub(clk.Now())
+			p.mu.Unlock()
+			if limit := max(retryBase+retryBase/5, time.Duration(f.retryAfter)*time.Second); wait > limit {
+				t.Errorf("first retry in %v, want at most %v", wait, limit)
+			}
 			for i := 0; len(events(t, api)) == 0 && i < 10; i++ {
 				clk.Step(retryMax + retryMax/5 + time.Second) // past any backoff with its jitter
 				due(p)
