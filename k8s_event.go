@@ -20,6 +20,7 @@ package k8s_event
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -137,46 +138,46 @@ type broadcaster struct {
 var global = &broadcaster{clock: clock.RealClock{}}
 
 func (b *broadcaster) attach(inst *instance) error {
-	b.mu.Lock()
-	for _, a := range b.attached {
-		if a == inst {
-			b.mu.Unlock()
-			return nil
+	return b.change(func() bool {
+		if slices.Contains(b.attached, inst) {
+			return false // a second block's startup
 		}
-	}
-	b.attached = append(b.attached, inst)
-	stop, err := b.reconcileLocked()
-	b.mu.Unlock()
-	stop.finish()
-	return err
+		b.attached = append(b.attached, inst)
+		return true
+	})
 }
 
 func (b *broadcaster) detach(inst *instance) {
-	b.mu.Lock()
-	for i, a := range b.attached {
-		if a == inst {
-			b.attached = append(b.attached[:i:i], b.attached[i+1:]...)
-			break
-		}
-	}
-	stop, _ := b.reconcileLocked()
-	b.mu.Unlock()
-	stop.finish()
+	b.change(func() bool {
+		b.attached = slices.DeleteFunc(b.attached, func(a *instance) bool { return a == inst })
+		return true
+	})
 }
 
 // forgetAfter detaches the instances that attached after inst: after a
 // failed reload, caddy keeps inst running, and those never started.
 func (b *broadcaster) forgetAfter(inst *instance) {
-	b.mu.Lock()
-	for i, a := range b.attached {
-		if a == inst {
+	b.change(func() bool {
+		if i := slices.Index(b.attached, inst); i >= 0 {
 			b.attached = b.attached[: i+1 : i+1]
-			break
 		}
+		return true
+	})
+}
+
+// change edits the attached instances and, if edit says they changed,
+// reconciles the pipeline with them; a stop it calls for runs after the
+// lock is released.
+func (b *broadcaster) change(edit func() bool) error {
+	b.mu.Lock()
+	if !edit() {
+		b.mu.Unlock()
+		return nil
 	}
-	stop, _ := b.reconcileLocked()
+	stop, err := b.reconcileLocked()
 	b.mu.Unlock()
 	stop.finish()
+	return err
 }
 
 // stopping is a pipeline whose listener is gone and whose flush is still

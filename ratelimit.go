@@ -394,8 +394,13 @@ func (p *pipeline) sync(e *entry) {
 	} else {
 		p.mu.Unlock()
 	}
-	if report != nil {
-		p.reporter.report(now, report, p.pod.namespace())
+	p.say(now, report)
+}
+
+// say logs why a write failed, at most once a minute; nothing for nil.
+func (p *pipeline) say(now time.Time, err error) {
+	if err != nil {
+		p.reporter.report(now, err, p.pod.namespace())
 	}
 }
 
@@ -566,9 +571,7 @@ func (p *pipeline) flushOne(e *entry) {
 		p.mu.Lock()
 		res, _, report := p.attempt(p.ctx, e)
 		p.mu.Unlock()
-		if report != nil {
-			p.reporter.report(p.clock.Now(), report, p.pod.namespace())
-		}
+		p.say(p.clock.Now(), report)
 		switch res {
 		case attemptRedo:
 			continue

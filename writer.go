@@ -207,12 +207,12 @@ func result(reached bool, err error) writeResult {
 	}
 	countError(err)
 	res.retryAfter = retryAfter(err)
-	var status apierrors.APIStatus
-	if !errors.As(err, &status) || status.Status().Code == 0 {
+	code := statusCode(err)
+	if code == 0 {
 		res.outcome, res.unsure = writeFailed, reached
 		return res
 	}
-	switch code := int(status.Status().Code); {
+	switch {
 	case code == http.StatusUnauthorized, // a rotated token: the next request reads the new one
 		code == http.StatusRequestTimeout, code == http.StatusConflict,
 		code == http.StatusTooManyRequests, code >= 500:
@@ -223,14 +223,18 @@ func result(reached bool, err error) writeResult {
 	return res
 }
 
-// countError counts a failed request by its HTTP status, 0 for no answer.
-func countError(err error) {
-	code := 0
+// statusCode is the HTTP status of a failed request, 0 when no answer came.
+func statusCode(err error) int {
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {
-		code = int(status.Status().Code)
+		return int(status.Status().Code)
 	}
-	apiErrors.WithLabelValues(strconv.Itoa(code)).Inc()
+	return 0
+}
+
+// countError counts a failed request by its HTTP status, 0 for no answer.
+func countError(err error) {
+	apiErrors.WithLabelValues(strconv.Itoa(statusCode(err))).Inc()
 }
 
 func retryAfter(err error) time.Duration {
