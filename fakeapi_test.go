@@ -47,8 +47,7 @@ type fakeAPI struct {
 	requests []apiRequest      // every request that reached the server
 	refused  int               // requests refused before they left the client
 	fault    func(apiRequest) fault
-	decided  map[int]fault     // by request number
-	sentAt   map[int]time.Time // when the client sent it, by request number
+	sent     map[int]sentRequest // by request number, until the server reads it
 	seq      int
 	rv       int
 }
@@ -93,7 +92,7 @@ func (api *fakeAPI) close() {
 
 // startFakeAPI starts a fake API server; close stops it.
 func startFakeAPI(clk clock.PassiveClock) (*fakeAPI, error) {
-	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, decided: map[int]fault{}, sentAt: map[int]time.Time{}, closing: make(chan struct{})}
+	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, sent: map[int]sentRequest{}, closing: make(chan struct{})}
 	api.srv = httptest.NewServer(http.HandlerFunc(api.serve))
 	cfg := &rest.Config{
 		Host: api.srv.URL,
@@ -142,9 +141,22 @@ func (api *fakeAPI) decide(r *http.Request) (int, fault) {
 		return 0, f
 	}
 	api.seq++
-	api.decided[api.seq] = f
-	api.sentAt[api.seq] = api.clock.Now()
+	api.sent[api.seq] = sentRequest{f, api.clock.Now()}
 	return api.seq, f
+}
+
+// sentRequest is a request's fault and the time the client sent it.
+type sentRequest struct {
+	fault fault
+	at    time.Time
+}
+
+// take hands over what the client decided for request seq. Called with
+// api.mu held.
+func (api *fakeAPI) take(seq int) (sentRequest, bool) {
+	s, ok := api.sent[seq]
+	delete(api.sent, seq)
+	return s, ok
 }
 
 // lose is a request that reaches the API and gets no answer, at once
@@ -171,9 +183,8 @@ func (api *fakeAPI) lose(rt http.RoundTripper, req *http.Request, seq int, f fau
 		_ = json.Unmarshal(body, &ev)
 		api.mu.Lock()
 		req := api.describe(r, ev.Reason)
-		req.at = api.sentAt[seq]
-		delete(api.decided, seq)
-		delete(api.sentAt, seq)
+		sent, _ := api.take(seq)
+		req.at = sent.at
 		api.requests = append(api.requests, req)
 		api.mu.Unlock()
 	}
@@ -230,17 +241,16 @@ func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	api.mu.Lock()
 	req := api.describe(r, ev.Reason)
 	seq, _ := strconv.Atoi(r.Header.Get(faultHeader))
-	f := api.decided[seq]
+	sent, ok := api.take(seq)
+	f := sent.fault
 	if f.lost {
 		f = fault{} // its answer is lost on the way back
 	}
-	if at, ok := api.sentAt[seq]; ok {
+	if ok {
 		// A request is stamped when it was sent: the server may read a
 		// request the client gave up on only after the clock moved.
-		req.at = at
+		req.at = sent.at
 	}
-	delete(api.decided, seq)
-	delete(api.sentAt, seq)
 	api.mu.Unlock()
 
 	if f.delay > 0 {
