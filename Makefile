@@ -74,7 +74,7 @@ test-e2e:
 # as events; Ctrl-C stops everything it started.
 demo:
 	$(GO) build -o bin/coredns-e2e ./test/cmd/coredns
-	$(GO) build -o bin/demo ./test/e2e/cmd/demo
+	$(GO) build -o bin/demo ./cmd/demo
 	$(with_tools) exec bin/demo -coredns bin/coredns-e2e
 
 # bench runs the listener micro-benchmarks, then test/bench: CoreDNS with and

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Builds the binaries that the end-to-end tests run against: kube-apiserver,
-# kubectl and etcd, from the versions pinned in tools/go.mod. Each binary is
-# cached outside the repository in $K8S_EVENT_CACHE/<name>-<version>/ and
-# built only when missing. A build goes to a temporary directory that is
-# renamed into place, so concurrent runs never see a half-written binary.
+# kubectl and etcd, from the versions pinned in tools/go.mod; and for the
+# node (root on Linux only) kubelet, kube-controller-manager, kube-scheduler
+# from tools/go.mod and containerd, its runc shim and ctr from
+# tools/containerd/go.mod, plus Debian's runc, CNI plugins, iptables and
+# conntrack. Each binary is cached outside the repository in
+# $K8S_EVENT_CACHE/<name>-<version>/ and built only when missing. A build
+# goes to a temporary directory that is renamed into place, so concurrent
+# runs never see a half-written binary.
 #
 # Usage:
-#   hack/tools.sh install   build whatever is missing (the default)
-#   hack/tools.sh env       install, then print KUBE_APISERVER=, ETCD=,
-#                           KUBECTL= (and DNSPERF= when installed)
-#   hack/tools.sh dnsperf   install Debian's dnsperf when it is missing
-#   hack/tools.sh clean     remove the cache
+#   hack/tools.sh install        build whatever is missing (the default)
+#   hack/tools.sh node           install, plus what the node needs
+#   hack/tools.sh env [node]     install (node: plus the node), then print
+#                                KUBE_APISERVER=, ETCD=, KUBECTL=, the node's
+#                                binaries when they are there, and DNSPERF=
+#                                when installed
+#   hack/tools.sh dnsperf        install Debian's dnsperf when it is missing
+#   hack/tools.sh clean          remove the cache
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,13 +27,13 @@ cache="${K8S_EVENT_CACHE:-$HOME/.cache/k8s_event}"
 log() { echo "tools.sh: $*" >&2; }
 
 module_version() {
-	(cd "$tools_mod" && go list -m -f '{{.Version}}' "$1")
+	(cd "${2:-$tools_mod}" && go list -m -f '{{.Version}}' "$1")
 }
 
-# build NAME VERSION PACKAGE [LDFLAGS] prints the path of NAME, building it
-# into $cache/NAME-VERSION/ first when it is not there.
+# build NAME VERSION PACKAGE [LDFLAGS [MODULE_DIR]] prints the path of NAME,
+# building it into $cache/NAME-VERSION/ first when it is not there.
 build() {
-	local name=$1 version=$2 pkg=$3 ldflags=${4:-}
+	local name=$1 version=$2 pkg=$3 ldflags=${4:-} mod=${5:-$tools_mod}
 	local dir="$cache/$name-$version"
 	if [[ -x "$dir/$name" ]]; then
 		echo "$dir/$name"
@@ -38,7 +45,7 @@ build() {
 	chmod 755 "$tmp"
 	log "building $name $version (this takes a few minutes the first time)"
 	local start=$SECONDS
-	if ! (cd "$tools_mod" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
+	if ! (cd "$mod" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
 		-ldflags "-s -w $ldflags" -o "$tmp/$name" "$pkg"); then
 		rm -rf "$tmp"
 		log "building $name failed"
@@ -74,23 +81,63 @@ install() {
 	ETCD=$(build etcd "$etcd" go.etcd.io/etcd/server/v3)
 }
 
-install_dnsperf() {
-	command -v dnsperf >/dev/null && return
+# apt_install PACKAGE... installs Debian packages, updating the package
+# lists once when the first attempt fails.
+apt_install() {
 	local sudo=""
 	[[ $(id -u) == 0 ]] || sudo=sudo
-	log "installing dnsperf with apt-get"
-	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q dnsperf >&2 ||
-		{ $sudo apt-get update -q >&2 && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q dnsperf >&2; }
+	log "installing $* with apt-get"
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2 ||
+		{ $sudo apt-get update -q >&2 && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2; }
+}
+
+install_dnsperf() {
+	command -v dnsperf >/dev/null && return
+	apt_install dnsperf
+}
+
+containerd_mod="$tools_mod/containerd"
+
+install_node() {
+	local missing=()
+	command -v runc >/dev/null || missing+=(runc)
+	[[ -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
+	command -v iptables >/dev/null || missing+=(iptables)
+	command -v conntrack >/dev/null || missing+=(conntrack)
+	if ((${#missing[@]})); then apt_install "${missing[@]}"; fi
+	local kube ctrd
+	kube=$(module_version k8s.io/kubernetes)
+	KUBELET=$(build kubelet "$kube" k8s.io/kubernetes/cmd/kubelet "$(kube_ldflags "$kube")")
+	KUBE_CONTROLLER_MANAGER=$(build kube-controller-manager "$kube" k8s.io/kubernetes/cmd/kube-controller-manager "$(kube_ldflags "$kube")")
+	KUBE_SCHEDULER=$(build kube-scheduler "$kube" k8s.io/kubernetes/cmd/kube-scheduler "$(kube_ldflags "$kube")")
+	ctrd=$(module_version github.com/containerd/containerd/v2 "$containerd_mod")
+	local vflag="-X github.com/containerd/containerd/v2/version.Version=${ctrd#v}"
+	CONTAINERD=$(build containerd "$ctrd" github.com/containerd/containerd/v2/cmd/containerd "$vflag" "$containerd_mod")
+	CONTAINERD_SHIM=$(build containerd-shim-runc-v2 "$ctrd" github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 "$vflag" "$containerd_mod")
+	CTR=$(build ctr "$ctrd" github.com/containerd/containerd/v2/cmd/ctr "$vflag" "$containerd_mod")
+}
+
+print_env() {
+	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL"
+	if [[ -n ${KUBELET:-} ]]; then
+		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER"
+		printf "CONTAINERD=%q\nCONTAINERD_SHIM=%q\nCTR=%q\n" "$CONTAINERD" "$CONTAINERD_SHIM" "$CTR"
+	fi
+	if command -v dnsperf >/dev/null; then printf "DNSPERF=%q\n" "$(command -v dnsperf)"; fi
 }
 
 case "${1:-install}" in
 install)
 	install
 	;;
+node)
+	install
+	install_node
+	;;
 env)
 	install
-	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL"
-	if command -v dnsperf >/dev/null; then printf "DNSPERF=%q\n" "$(command -v dnsperf)"; fi
+	if [[ ${2:-} == node ]]; then install_node; fi
+	print_env
 	;;
 dnsperf)
 	install_dnsperf
@@ -99,7 +146,7 @@ clean)
 	rm -rf "$cache"
 	;;
 *)
-	echo "usage: $0 [install|env|dnsperf|clean]" >&2
+	echo "usage: $0 [install|node|env [node]|dnsperf|clean]" >&2
 	exit 2
 	;;
 esac

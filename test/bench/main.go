@@ -1,5 +1,5 @@
 // Command bench measures the k8s_event plugin end to end: it starts etcd and
-// kube-apiserver on loopback (test/e2e/cluster), runs the CoreDNS of
+// kube-apiserver on loopback (internal/cluster), runs the CoreDNS of
 // test/cmd/coredns with and without k8s_event, drives it with dnsperf and
 // with logline's HTTP endpoint, and prints a summary table of the figures
 // against the plugin's promises:
@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dnsops/k8s_event/test/e2e/cluster"
+	"github.com/dnsops/k8s_event/internal/cluster"
 )
 
 type bench struct {

@@ -21,7 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/dnsops/k8s_event/test/e2e/cluster"
+	"github.com/dnsops/k8s_event/internal/cluster"
 )
 
 // coreDNS is one CoreDNS process under measurement.

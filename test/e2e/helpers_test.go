@@ -31,7 +31,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/dnsops/k8s_event/test/e2e/cluster"
+	"github.com/dnsops/k8s_event/internal/cluster"
 )
 
 var (

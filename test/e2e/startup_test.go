@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dnsops/k8s_event/test/e2e/cluster"
+	"github.com/dnsops/k8s_event/internal/cluster"
 )
 
 // TestStartupErrors runs CoreDNS with Corefiles that must not start: it exits

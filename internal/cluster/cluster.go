@@ -1,11 +1,16 @@
-// Package cluster runs a real Kubernetes control plane for end-to-end tests:
-// etcd and kube-apiserver on free loopback ports, with TLS, RBAC and
-// ServiceAccount tokens, but no controller-manager, scheduler or kubelet.
-// Pods are stored and never run; they exist to be the object that events
-// refer to.
+// Package cluster runs a real Kubernetes for the end-to-end tests, the
+// benchmarks and the demo: etcd and kube-apiserver on free loopback ports,
+// with TLS, RBAC and ServiceAccount tokens; and, when asked and the machine
+// allows (Linux, root), a node: containerd and runc, a kubelet,
+// kube-controller-manager and kube-scheduler, on which Pods run. Without a
+// node, Pods are stored and never run; they exist to be the object that
+// events refer to.
 //
 // The binaries come from the environment variables KUBE_APISERVER, ETCD and
-// KUBECTL, as printed by hack/tools.sh env.
+// KUBECTL (and for a node KUBELET, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER,
+// CONTAINERD, CONTAINERD_SHIM and CTR), as printed by hack/tools.sh env.
+// Stop stops every process by its PID and undoes what the node changed on
+// the machine.
 package cluster
 
 import (
@@ -44,6 +49,11 @@ type Options struct {
 	// AdmissionConfig, when not empty, is an AdmissionConfiguration (YAML)
 	// written to a file and passed as --admission-control-config-file.
 	AdmissionConfig string
+	// AuditPolicy, when not empty, is an audit Policy (YAML); the API
+	// server then writes its audit log to Cluster.AuditLogPath.
+	AuditPolicy string
+	// Node, when not nil, starts a node; see NodeSupported.
+	Node *NodeOptions
 	// StartTimeout bounds the wait for etcd and kube-apiserver to be ready;
 	// two minutes when zero.
 	StartTimeout time.Duration
@@ -59,12 +69,17 @@ type Cluster struct {
 	KubeconfigPath string
 	// Dir holds the data, certificates, kubeconfigs and logs.
 	Dir string
+	// AuditLogPath is the API server's audit log, when there is a policy.
+	AuditLogPath string
+	// NodeName is the node's name, when there is a node.
+	NodeName string
 
 	kubectl   string
 	server    string
 	caPEM     []byte
 	etcd      *Process
 	apiserver *Process
+	node      *node
 	stopOnce  sync.Once
 }
 
@@ -173,6 +188,21 @@ func (c *Cluster) start(ctx context.Context, opts Options, apiserverBin, etcdBin
 		}
 		args = append(args, "--admission-control-config-file="+path)
 	}
+	if opts.AuditPolicy != "" {
+		path := filepath.Join(dir, "audit-policy.yaml")
+		if err := os.WriteFile(path, []byte(opts.AuditPolicy), 0o600); err != nil {
+			return err
+		}
+		c.AuditLogPath = filepath.Join(dir, "audit.log")
+		args = append(args, "--audit-policy-file="+path, "--audit-log-path="+c.AuditLogPath)
+	}
+	if opts.Node != nil {
+		flags, err := nodeAPIServerFlags(certs)
+		if err != nil {
+			return err
+		}
+		args = append(args, flags...)
+	}
 	args = append(args, opts.APIServerFlags...)
 	c.apiserver, err = StartProcess("kube-apiserver", filepath.Join(dir, "kube-apiserver.log"), nil, apiserverBin, args...)
 	if err != nil {
@@ -191,7 +221,13 @@ func (c *Cluster) start(ctx context.Context, opts Options, apiserverBin, etcdBin
 	if err != nil {
 		return err
 	}
-	return c.waitReady(ctx)
+	if err := c.waitReady(ctx); err != nil {
+		return err
+	}
+	if opts.Node != nil {
+		return c.startNode(ctx, opts.Node, certs)
+	}
+	return nil
 }
 
 func (c *Cluster) startEtcd(ctx context.Context, bin string) (string, error) {
@@ -279,10 +315,14 @@ func (c *Cluster) writeKubeconfig(path, user string, auth *clientcmdapi.AuthInfo
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
-// Stop stops kube-apiserver and etcd by their PIDs and removes Dir. It is
-// safe to call more than once.
+// Stop stops the node, kube-apiserver and etcd by their PIDs, undoes what
+// the node changed on the machine and removes Dir. It is safe to call more
+// than once; what it could not undo it prints.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
+		if err := c.stopNode(); err != nil {
+			fmt.Fprintf(os.Stderr, "cluster: the node left something behind: %v\n", err)
+		}
 		for _, p := range []*Process{c.apiserver, c.etcd} {
 			if p != nil {
 				p.Stop(10 * time.Second)

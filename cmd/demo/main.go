@@ -8,7 +8,7 @@
 //
 //	eval "$(hack/tools.sh env)" && export KUBE_APISERVER ETCD KUBECTL
 //	go build -o bin/coredns-e2e ./test/cmd/coredns
-//	go run ./test/e2e/cmd/demo -coredns bin/coredns-e2e
+//	go run ./cmd/demo -coredns bin/coredns-e2e
 package main
 
 import (
@@ -33,7 +33,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/dnsops/k8s_event/test/e2e/cluster"
+	"github.com/dnsops/k8s_event/internal/cluster"
 )
 
 const (

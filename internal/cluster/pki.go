@@ -28,6 +28,10 @@ type pki struct {
 	saPub       string
 	adminCert   []byte // PEM
 	adminKey    []byte // PEM
+
+	dir   string
+	ca    *x509.Certificate
+	caKey crypto.Signer
 }
 
 func newPKI(dir string) (*pki, error) {
@@ -94,6 +98,9 @@ func newPKI(dir string) (*pki, error) {
 		saPub:       filepath.Join(dir, "sa.pub"),
 		adminCert:   adminCert,
 		adminKey:    adminKey,
+		dir:         dir,
+		ca:          ca,
+		caKey:       caKey,
 	}
 	for path, data := range map[string][]byte{
 		p.caFile:      p.caCert,
@@ -148,4 +155,27 @@ func serial() *big.Int {
 		panic(err) // crypto/rand does not fail on Linux
 	}
 	return n
+}
+
+// issueFiles signs tmpl with the CA and writes NAME.crt and NAME.key into
+// the PKI's directory; it returns their paths.
+func (p *pki) issueFiles(name string, tmpl *x509.Certificate) (certFile, keyFile string, err error) {
+	cert, key, err := issue(p.ca, p.caKey, tmpl)
+	if err != nil {
+		return "", "", err
+	}
+	certFile = filepath.Join(p.dir, name+".crt")
+	keyFile = filepath.Join(p.dir, name+".key")
+	if err := os.WriteFile(certFile, cert, 0o600); err != nil {
+		return "", "", err
+	}
+	return certFile, keyFile, os.WriteFile(keyFile, key, 0o600)
+}
+
+// client is a client certificate's subject: the user and its groups.
+func client(user string, groups ...string) *x509.Certificate {
+	return &x509.Certificate{
+		Subject:     pkix.Name{CommonName: user, Organization: groups},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
 }
