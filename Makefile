@@ -18,9 +18,13 @@ IMAGE_TAG ?= $(COREDNS_VERSION)-$(VERSION)
 IMAGE_ARCHIVE ?= bin/$(IMAGE_NAME)-$(IMAGE_TAG).tar
 PLATFORMS ?= linux/amd64 linux/arm64
 
-# with_tools runs its argument with KUBE_APISERVER, ETCD and KUBECTL set,
-# building them first when they are missing.
-with_tools = tools_env=$$(hack/tools.sh env); set -a; eval "$$tools_env"; set +a;
+# NODE is "node" where a node can run (Linux, as root): then the e2e tests
+# and the demo also run CoreDNS as a Pod on a real kubelet and containerd.
+NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
+
+# with_tools runs its argument with KUBE_APISERVER, ETCD and KUBECTL set (and
+# the node's binaries when NODE is set), building them first when missing.
+with_tools = tools_env=$$(hack/tools.sh env $(NODE)); set -a; eval "$$tools_env"; set +a;
 
 .PHONY: all build build-check image release tools test test-unit test-faults test-e2e demo bench fuzz mutate clean
 
@@ -67,15 +71,20 @@ FAULT_SEEDS ?= 2000
 test-faults:
 	$(GO) test -count=1 -run '^TestFaultModel$$' -faultmodel.seeds=$(FAULT_SEEDS) -v . | grep -E '^(---|ok|FAIL|\s+faultmodel)'
 
-test-e2e:
-	$(with_tools) $(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) ./test/e2e/...
+# test-e2e runs the end-to-end tests; with NODE, the node tests run the
+# image that `make image` writes.
+test-e2e: image
+	$(with_tools) K8S_EVENT_IMAGE=$(abspath $(IMAGE_ARCHIVE)) \
+		$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) ./test/e2e/... ./internal/cluster/...
 
-# demo runs a local control plane and a CoreDNS that reports its log lines
-# as events; Ctrl-C stops everything it started.
-demo:
+# demo runs a local Kubernetes and CoreDNS that reports its log lines as
+# events: with NODE, CoreDNS runs as the cluster's DNS from its image,
+# through deploy/k8s_event; elsewhere as a process beside the control
+# plane. Ctrl-C stops everything it started.
+demo: image
 	$(GO) build -o bin/coredns-e2e ./test/cmd/coredns
 	$(GO) build -o bin/demo ./cmd/demo
-	$(with_tools) exec bin/demo -coredns bin/coredns-e2e
+	$(with_tools) exec bin/demo -coredns bin/coredns-e2e -image $(IMAGE_ARCHIVE) -image-ref $(IMAGE_NAME):$(IMAGE_TAG)
 
 # bench runs the listener micro-benchmarks, then test/bench: CoreDNS with and
 # without k8s_event against a local control plane, driven by dnsperf. It

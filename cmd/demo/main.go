@@ -1,14 +1,22 @@
-// Command demo shows k8s_event at work on a local control plane: it starts
-// etcd and kube-apiserver, creates the Pod demo/coredns-demo, runs CoreDNS
-// on its behalf, makes CoreDNS log at several levels and prints the events
-// that result. It keeps running until interrupted, unless DEMO_EXIT=1 or
-// standard input is not a terminal, and stops everything it started.
+// Command demo shows k8s_event at work on a local Kubernetes.
+//
+// Where a node can run (Linux, as root), it starts etcd, kube-apiserver,
+// containerd, a kubelet, the controller manager and the scheduler, installs
+// CoreDNS as the cluster's DNS from the image through deploy/k8s_event,
+// makes it log, and shows `kubectl describe pod` of a live CoreDNS pod.
+// Elsewhere it says why, starts etcd and kube-apiserver only, creates the
+// Pod demo/coredns-demo and runs CoreDNS as a process on its behalf.
+// It keeps running until interrupted, unless DEMO_EXIT=1 or standard input
+// is not a terminal, and stops everything it started.
 //
 // Usage (make demo does all of it):
 //
-//	eval "$(hack/tools.sh env)" && export KUBE_APISERVER ETCD KUBECTL
-//	go build -o bin/coredns-e2e ./test/cmd/coredns
-//	go run ./cmd/demo -coredns bin/coredns-e2e
+//	eval "$(hack/tools.sh env node)" && export KUBE_APISERVER ETCD KUBECTL ...
+//	make image && go build -o bin/coredns-e2e ./test/cmd/coredns
+//	go run ./cmd/demo -coredns bin/coredns-e2e -image bin/IMAGE.tar -image-ref NAME:TAG
+//
+// `demo ask NAME...` sends DNS queries to the demo's CoreDNS, for machines
+// without dig.
 package main
 
 import (
@@ -42,11 +50,28 @@ const (
 )
 
 func main() {
-	coredns := flag.String("coredns", "bin/coredns-e2e", "CoreDNS binary built from ./test/cmd/coredns")
+	if len(os.Args) > 1 && os.Args[1] == "ask" {
+		os.Exit(ask(os.Args[2:]))
+	}
+	coredns := flag.String("coredns", "bin/coredns-e2e", "CoreDNS binary built from ./test/cmd/coredns, for the demo without a node")
+	archive := flag.String("image", "", "image archive that `make image` writes, for the demo on a node")
+	ref := flag.String("image-ref", "", "NAME:TAG of that image")
+	deploy := flag.String("deploy", "deploy/k8s_event", "the overlay to install on the node")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *coredns); err != nil && !errors.Is(err, context.Canceled) {
+	var err error
+	why := cluster.NodeSupported()
+	if why == nil && (*archive == "" || *ref == "") {
+		why = errors.New("-image and -image-ref are not set")
+	}
+	if why == nil {
+		err = runNode(ctx, *archive, *ref, *deploy)
+	} else {
+		step("no node on this machine (%v): CoreDNS runs as a process beside the control plane instead", why)
+		err = run(ctx, *coredns)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -162,11 +187,17 @@ Point kubectl at this cluster:
 Make CoreDNS log more:
 
   curl -X POST --data 'disk almost full' 'http://%s/log?level=warning&count=3'
-  dig @127.0.0.1 -p %d x.fail.logline. A    # dig: apt-get install dnsutils
+  bin/demo ask -server 127.0.0.1:%d x.fail.logline.
 
 CoreDNS log: %s
 `, kube.KubeconfigPath, kubectl, namespace, loglineAddr, dnsPort, coredns.LogPath)
 
+	return keepRunning(ctx, coredns.Done(), func() string { return "coredns exited:\n" + coredns.LogTail(20) })
+}
+
+// keepRunning waits for Ctrl-C, unless DEMO_EXIT=1 or there is no
+// terminal; or until died is closed.
+func keepRunning(ctx context.Context, died <-chan struct{}, why func() string) error {
 	if os.Getenv("DEMO_EXIT") == "1" || !term.IsTerminal(int(os.Stdin.Fd())) {
 		step("done; stopping (DEMO_EXIT=1 or no terminal)")
 		return nil
@@ -174,8 +205,8 @@ CoreDNS log: %s
 	step("running; press Ctrl-C to stop")
 	select {
 	case <-ctx.Done():
-	case <-coredns.Done():
-		return fmt.Errorf("coredns exited:\n%s", coredns.LogTail(20))
+	case <-died:
+		return errors.New(why())
 	}
 	step("stopping")
 	return nil

@@ -3,6 +3,7 @@ package cluster
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -401,4 +402,30 @@ func keys(m map[int]bool) []int {
 	}
 	sort.Ints(ks)
 	return ks
+}
+
+// lockMachine takes the machine-wide lock of nodes: one node at a time may
+// run on a machine, since they share port 53, the machine directories and
+// the kernel's settings. It waits for the lock until ctx ends.
+func lockMachine(ctx context.Context) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "k8s_event-node.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("another node runs on this machine: %w", ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }

@@ -3,7 +3,9 @@
 package cluster
 
 import (
+	"context"
 	"errors"
+	"os"
 	"time"
 )
 
@@ -16,3 +18,5 @@ func snapshotMachine() (*machine, error)                      { return nil, errN
 func (m *machine) killContainers(timeout time.Duration) error { return errNoNode }
 func (m *machine) restore(dir string) error                   { return errNoNode }
 func killShims(shim, socket string) error                     { return nil }
+
+func lockMachine(ctx context.Context) (*os.File, error) { return nil, errNoNode }

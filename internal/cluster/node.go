@@ -51,6 +51,7 @@ type node struct {
 	socket                              string
 	containerd, kubelet, kcm, scheduler *Process
 	machine                             *machine
+	lock                                *os.File // held while the node runs
 }
 
 type nodeBinaries struct {
@@ -145,11 +146,15 @@ func (c *Cluster) startNode(ctx context.Context, opts *NodeOptions, certs *pki) 
 	if err := os.MkdirAll(n.dir, 0o755); err != nil {
 		return err
 	}
+	n.lock, err = lockMachine(ctx)
+	if err != nil {
+		return err
+	}
+	c.node = n
 	n.machine, err = snapshotMachine()
 	if err != nil {
 		return fmt.Errorf("look at the machine before the node starts: %w", err)
 	}
-	c.node = n
 	c.NodeName = name
 
 	if err := c.startControllers(certs); err != nil {
@@ -471,6 +476,9 @@ func (c *Cluster) stopNode() error {
 	errs = append(errs, killShims(n.bins.shim, n.socket))
 	if n.machine != nil {
 		errs = append(errs, n.machine.restore(c.Dir))
+	}
+	if n.lock != nil {
+		n.lock.Close() // releases the lock
 	}
 	return errors.Join(errs...)
 }

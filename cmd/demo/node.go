@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/dnsops/k8s_event/internal/cluster"
+)
+
+// clusterDNS is where the node's CoreDNS answers: its pods use the host's
+// network.
+const clusterDNS = "127.0.0.1:53"
+
+// failZone is a server block whose upstream refuses every query, so that
+// each query logs an error line.
+const failZone = `
+fail.test:53 {
+    errors
+    forward . 127.0.0.1:9
+}
+`
+
+// runNode is the demo on a real node: CoreDNS as the cluster's DNS, from
+// its image, installed through the overlay.
+func runNode(ctx context.Context, archive, ref, deploy string) error {
+	step("starting etcd, kube-apiserver, containerd, kubelet, controller manager and scheduler")
+	start := time.Now()
+	kube, err := cluster.New(ctx, cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive}}})
+	if err != nil {
+		return err
+	}
+	defer kube.Stop()
+	fmt.Printf("  node %s Ready in %v\n", kube.NodeName, time.Since(start).Round(100*time.Millisecond))
+
+	dir := filepath.Join(kube.Dir, "k8s_event")
+	if err := kube.WriteLoopbackKustomization(dir, deploy, ref); err != nil {
+		return err
+	}
+	step("kubectl apply -k %s (plus what this machine needs: hostNetwork, the API on loopback, the imported image)", deploy)
+	out, _, err := kube.Kubectl(ctx, "apply", "-k", dir)
+	if err != nil {
+		return err
+	}
+	fmt.Print(out)
+	step("kubectl -n kube-system rollout status deployment/coredns")
+	out, _, err = kube.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=4m")
+	if err != nil {
+		return err
+	}
+	fmt.Print(out)
+
+	step("adding a zone whose upstream refuses to the Corefile (kubectl patch configmap coredns);\n    the kubelet and the reload plugin bring it to the pods in about 30s")
+	cm, err := kube.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	patch, _ := json.Marshal(map[string]any{"data": map[string]string{"Corefile": cm.Data["Corefile"] + failZone}})
+	if _, _, err := kube.Kubectl(ctx, "-n", "kube-system", "patch", "configmap", "coredns", "--type=merge", "-p", string(patch)); err != nil {
+		return err
+	}
+	start = time.Now()
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+		rcode, err := query("probe.fail.test.", clusterDNS)
+		return err == nil && rcode == dns.RcodeServerFailure, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the edited Corefile did not reach CoreDNS: %w", err)
+	}
+	fmt.Printf("  reloaded after %v\n", time.Since(start).Round(time.Second))
+
+	step("asking for names in it: each failure is an error line, and an event")
+	for _, name := range []string{"db.fail.test.", "api.fail.test.", "db.fail.test."} {
+		rcode, err := query(name, clusterDNS)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("  %-16s %s\n", name, dns.RcodeToString[rcode])
+	}
+
+	pod, err := podWithEvents(ctx, kube)
+	if err != nil {
+		return err
+	}
+	step("kubectl -n kube-system get events -l coredns.io/plugin=errors")
+	if out, _, err = kube.Kubectl(ctx, "-n", "kube-system", "get", "events", "-l", "coredns.io/plugin=errors"); err != nil {
+		return err
+	}
+	fmt.Print(out)
+	step("kubectl -n kube-system describe pod %s", pod.Name)
+	if out, _, err = kube.Kubectl(ctx, "-n", "kube-system", "describe", "pod", pod.Name); err != nil {
+		return err
+	}
+	fmt.Print(out)
+
+	self, _ := os.Executable()
+	fmt.Printf(`
+Point kubectl at this cluster:
+
+  export KUBECONFIG=%s
+  %s -n kube-system get events -w
+
+Make CoreDNS log more, and watch the events come:
+
+  %s ask x.fail.test. y.fail.test.
+  %s -n kube-system delete pod %s   # it writes what it has pending as it stops
+
+Logs: %s (kubelet.log, containerd.log, ...)
+`, kube.KubeconfigPath, os.Getenv("KUBECTL"), self, os.Getenv("KUBECTL"), pod.Name, kube.Dir)
+	return keepRunning(ctx, nil, nil)
+}
+
+// podWithEvents waits until a CoreDNS pod has an error event, and returns it.
+func podWithEvents(ctx context.Context, kube *cluster.Cluster) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		evs, err := kube.Clientset.CoreV1().Events("kube-system").List(ctx, metav1.ListOptions{
+			LabelSelector: "coredns.io/plugin=errors",
+		})
+		if err != nil || len(evs.Items) == 0 {
+			return false, nil
+		}
+		pod, err = kube.Clientset.CoreV1().Pods("kube-system").Get(ctx, evs.Items[0].InvolvedObject.Name, metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("no error event on a CoreDNS pod: %w", err)
+	}
+	return pod, nil
+}
+
+func query(name, server string) (int, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	c := &dns.Client{Timeout: 2 * time.Second}
+	r, _, err := c.Exchange(m, server)
+	if err != nil {
+		return -1, err
+	}
+	return r.Rcode, nil
+}
+
+// ask is `demo ask [-server ADDR] NAME...`: one A query per name.
+func ask(args []string) int {
+	fs := flag.NewFlagSet("ask", flag.ExitOnError)
+	server := fs.String("server", clusterDNS, "DNS server address")
+	_ = fs.Parse(args)
+	if fs.NArg() == 0 {
+		fmt.Fprintln(os.Stderr, "usage: demo ask [-server 127.0.0.1:53] NAME...")
+		return 2
+	}
+	status := 0
+	for _, name := range fs.Args() {
+		rcode, err := query(name, *server)
+		if err != nil {
+			fmt.Printf("%s: %v\n", name, err)
+			status = 1
+			continue
+		}
+		fmt.Printf("%s %s\n", strings.TrimSuffix(dns.Fqdn(name), "."), dns.RcodeToString[rcode])
+	}
+	return status
+}

@@ -1,0 +1,88 @@
+package cluster
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// loopbackKustomization holds what only a node on loopback needs, never
+// part of what users apply: the pods reach the API only with hostNetwork
+// and the API server's loopback address; the image is imported, never
+// pulled; and with hostNetwork every container port is a host port, which
+// would keep two replicas off one node, so the ports go (CoreDNS binds its
+// sockets with SO_REUSEPORT) and the probes name port numbers.
+const loopbackKustomization = `# Written by the cluster package for a node on loopback; not for users.
+resources:
+- %[1]s
+images:
+- name: registry.k8s.io/coredns/coredns
+  newName: %[2]s
+  newTag: %[3]s
+- name: %[2]s
+  newTag: %[3]s
+patches:
+- target: {kind: Deployment, name: coredns}
+  patch: |-
+    - op: add
+      path: /spec/template/spec/hostNetwork
+      value: true
+    - op: replace
+      path: /spec/template/spec/containers/0/imagePullPolicy
+      value: Never
+    - op: remove
+      path: /spec/template/spec/containers/0/ports
+    - op: replace
+      path: /spec/template/spec/containers/0/livenessProbe/httpGet/port
+      value: 8080
+    - op: replace
+      path: /spec/template/spec/containers/0/readinessProbe/httpGet/port
+      value: 8181
+- target: {kind: Deployment, name: coredns}
+  patch: |-
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata:
+      name: coredns
+    spec:
+      template:
+        spec:
+          containers:
+          - name: coredns
+            env:
+            - name: KUBERNETES_SERVICE_HOST
+              value: "127.0.0.1"
+            - name: KUBERNETES_SERVICE_PORT
+              value: "%[4]d"
+`
+
+// WriteLoopbackKustomization writes into dir a kustomization that applies
+// base (a directory, e.g. deploy/k8s_event) with what CoreDNS needs to run
+// on this package's node: hostNetwork, the API server's loopback address,
+// the imported image (NAME:TAG) never pulled, and no host ports. Apply it
+// with `kubectl apply -k dir`.
+func (c *Cluster) WriteLoopbackKustomization(dir, base, image string) error {
+	name, tag, ok := strings.Cut(image, ":")
+	if !ok {
+		return fmt.Errorf("image %q: want NAME:TAG", image)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	absDir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	absBase, err := filepath.Abs(base)
+	if err != nil {
+		return err
+	}
+	// kustomize takes relative paths only.
+	rel, err := filepath.Rel(absDir, absBase)
+	if err != nil {
+		return err
+	}
+	k := fmt.Sprintf(loopbackKustomization, rel, name, tag, c.Port())
+	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
+}
