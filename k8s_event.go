@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coredns/caddy"
@@ -115,7 +116,7 @@ func blockName(b *dnsserver.Config) string {
 	return b.Zone + ":" + b.Port
 }
 
-func (inst *instance) shutdown() error { global.detach(inst); return nil }
+func (inst *instance) shutdown() error { global.shutdown(inst); return nil }
 
 // restartFailed runs on the old instance when a reload failed: the new
 // instance may have attached before failing, and none of its hooks will run.
@@ -133,9 +134,46 @@ type broadcaster struct {
 	attached []*instance // in the order they started; the newest one's settings apply
 	p        *pipeline
 	clock    clock.WithTicker
+	// exiting is set when the process was told to stop (SIGTERM, SIGINT).
+	exiting atomic.Bool
 }
 
 var global = &broadcaster{clock: clock.RealClock{}}
+
+// On SIGTERM caddy runs every shutdown hook, then the final ones (the
+// health plugin's lameduck among them, while the servers still answer and
+// log), then the process-exit hooks, and then stops the servers. So once
+// the process is exiting, the pipeline outlives the shutdown hooks and
+// stops in a process-exit hook: what CoreDNS logs through its lameduck is
+// written too.
+func init() {
+	caddy.RegisterEventHook(pluginName, func(ev caddy.EventName, _ any) error {
+		if ev == caddy.ShutdownEvent {
+			global.exiting.Store(true)
+		}
+		return nil
+	})
+	caddy.OnProcessExit = append(caddy.OnProcessExit, global.exit)
+}
+
+// shutdown is an instance's shutdown hook: on a reload it detaches the old
+// instance; when the process exits, exit stops the pipeline later.
+func (b *broadcaster) shutdown(inst *instance) {
+	if !b.exiting.Load() {
+		b.detach(inst)
+	}
+}
+
+// exit detaches every instance, which stops the pipeline and flushes it.
+func (b *broadcaster) exit() {
+	b.change(func() bool {
+		if len(b.attached) == 0 {
+			return false
+		}
+		b.attached = nil
+		return true
+	})
+}
 
 func (b *broadcaster) attach(inst *instance) error {
 	return b.change(func() bool {

@@ -239,3 +239,42 @@ func TestUIDLookupRetried(t *testing.T) {
 		}
 	}
 }
+
+// TestExitKeepsListeningThroughLameduck: on SIGTERM the shutdown hooks run
+// before the lameduck, while CoreDNS still answers and logs; what it logs
+// then must still become events, written when the process exits.
+func TestExitKeepsListeningThroughLameduck(t *testing.T) {
+	b := newTestBroadcaster(t)
+	client := newFakeAPI(t, clock.RealClock{})
+	inst := newInstance(t, client, "k8s_event")
+	if err := b.attach(inst); err != nil {
+		t.Fatal(err)
+	}
+	pluginLog.Error("before the signal")
+	b.exiting.Store(true) // caddy's shutdown event
+	b.shutdown(inst)      // the shutdown hooks
+	pluginLog.Error("during the lameduck")
+	b.exit() // the process-exit hook: stops and flushes
+	if b.p != nil {
+		t.Fatal("pipeline still running after exit")
+	}
+	counts := waitEvents(t, client, func(map[string]int32) bool { return true })
+	if counts["plugin/errors: before the signal"] != 1 || counts["plugin/errors: during the lameduck"] != 1 {
+		t.Errorf("events %v, want both lines", counts)
+	}
+}
+
+// TestReloadShutdownDetaches: without a signal, a shutdown hook is a
+// reload's, and detaches at once.
+func TestReloadShutdownDetaches(t *testing.T) {
+	b := newTestBroadcaster(t)
+	client := newFakeAPI(t, clock.RealClock{})
+	inst := newInstance(t, client, "k8s_event")
+	if err := b.attach(inst); err != nil {
+		t.Fatal(err)
+	}
+	b.shutdown(inst)
+	if b.p != nil {
+		t.Fatal("pipeline still running after the last instance shut down")
+	}
+}
