@@ -56,7 +56,7 @@ func main() {
 	coredns := flag.String("coredns", "bin/coredns-e2e", "CoreDNS binary built from ./test/cmd/coredns, for the demo without a node")
 	archive := flag.String("image", "", "image archive that `make image` writes, for the demo on a node")
 	ref := flag.String("image-ref", "", "NAME:TAG of that image")
-	deploy := flag.String("deploy", "deploy/k8s_event", "the overlay to install on the node")
+	deploy := flag.String("deploy", "deploy", "the directory of the kubeadm layout and the k8s_event overlay")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

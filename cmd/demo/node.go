@@ -43,22 +43,26 @@ func runNode(ctx context.Context, archive, ref, deploy string) error {
 	defer kube.Stop()
 	fmt.Printf("  node %s Ready in %v\n", kube.NodeName, time.Since(start).Round(100*time.Millisecond))
 
-	dir := filepath.Join(kube.Dir, "k8s_event")
-	if err := kube.WriteLoopbackKustomization(dir, deploy, ref); err != nil {
-		return err
+	// The cluster's DNS as kubeadm installs it, then the overlay over it.
+	for _, base := range []string{"kubeadm", "k8s_event"} {
+		path := filepath.Join(deploy, base)
+		dir := filepath.Join(kube.Dir, base)
+		if err := kube.WriteLoopbackKustomization(dir, path, ref); err != nil {
+			return err
+		}
+		step("kubectl apply -k %s (plus what this machine needs: hostNetwork, the API on loopback, the imported image)", path)
+		out, _, err := kube.Kubectl(ctx, "apply", "-k", dir)
+		if err != nil {
+			return err
+		}
+		fmt.Print(out)
+		step("kubectl -n kube-system rollout status deployment/coredns")
+		out, _, err = kube.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=3m")
+		if err != nil {
+			return err
+		}
+		fmt.Print(out)
 	}
-	step("kubectl apply -k %s (plus what this machine needs: hostNetwork, the API on loopback, the imported image)", deploy)
-	out, _, err := kube.Kubectl(ctx, "apply", "-k", dir)
-	if err != nil {
-		return err
-	}
-	fmt.Print(out)
-	step("kubectl -n kube-system rollout status deployment/coredns")
-	out, _, err = kube.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=4m")
-	if err != nil {
-		return err
-	}
-	fmt.Print(out)
 
 	step("adding a zone whose upstream refuses to the Corefile (kubectl patch configmap coredns);\n    the kubelet and the reload plugin bring it to the pods in about 30s")
 	cm, err := kube.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
@@ -70,9 +74,16 @@ func runNode(ctx context.Context, archive, ref, deploy string) error {
 		return err
 	}
 	start = time.Now()
+	// Both pods share port 53: ask until several in a row fail as they
+	// should, so that both have the new Corefile.
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
-		rcode, err := query("probe.fail.test.", clusterDNS)
-		return err == nil && rcode == dns.RcodeServerFailure, nil
+		for range 8 {
+			rcode, err := query("probe.fail.test.", clusterDNS)
+			if err != nil || rcode != dns.RcodeServerFailure {
+				return false, nil
+			}
+		}
+		return true, nil
 	})
 	if err != nil {
 		return fmt.Errorf("the edited Corefile did not reach CoreDNS: %w", err)
@@ -88,6 +99,7 @@ func runNode(ctx context.Context, archive, ref, deploy string) error {
 		fmt.Printf("  %-16s %s\n", name, dns.RcodeToString[rcode])
 	}
 
+	var out string
 	pod, err := podWithEvents(ctx, kube)
 	if err != nil {
 		return err
