@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -213,7 +215,7 @@ func (m *machine) killContainers(timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("processes still in the node's cgroups after %v: %v", timeout, keys(pids))
+			return fmt.Errorf("processes still in the node's cgroups after %v: %v", timeout, slices.Sorted(maps.Keys(pids)))
 		}
 		for pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -224,9 +226,9 @@ func (m *machine) killContainers(timeout time.Duration) error {
 
 // killShims kills, by PID, the containerd shims that serve socket: they
 // outlive containerd on purpose.
-func killShims(shim, socket string) error {
+func killShims(shim, socket string) {
 	if shim == "" {
-		return nil
+		return
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	var left []int
@@ -250,7 +252,6 @@ func killShims(shim, socket string) error {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	return nil
 }
 
 // restore unmounts what is mounted under dir or a machine directory,
@@ -393,15 +394,6 @@ func splitRule(line string) []string {
 		words = append(words, w.String())
 	}
 	return words
-}
-
-func keys(m map[int]bool) []int {
-	var ks []int
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Ints(ks)
-	return ks
 }
 
 // lockMachine takes the machine-wide lock of nodes: one node at a time may

@@ -17,6 +17,6 @@ var errNoNode = errors.New("a node needs Linux")
 func snapshotMachine() (*machine, error)                      { return nil, errNoNode }
 func (m *machine) killContainers(timeout time.Duration) error { return errNoNode }
 func (m *machine) restore(dir string) error                   { return errNoNode }
-func killShims(shim, socket string) error                     { return nil }
+func killShims(shim, socket string)                           {}
 
 func lockMachine(ctx context.Context) (*os.File, error) { return nil, errNoNode }

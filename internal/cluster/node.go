@@ -473,7 +473,7 @@ func (c *Cluster) stopNode() error {
 	if n.containerd != nil {
 		n.containerd.Stop(10 * time.Second)
 	}
-	errs = append(errs, killShims(n.bins.shim, n.socket))
+	killShims(n.bins.shim, n.socket)
 	if n.machine != nil {
 		errs = append(errs, n.machine.restore(c.Dir))
 	}
