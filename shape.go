@@ -1,6 +1,9 @@
 package k8s_event
 
-import "strings"
+import (
+	"hash/maphash"
+	"strings"
+)
 
 // Placeholders of the parts of a line that vary between occurrences of one
 // error.
@@ -26,106 +29,83 @@ const (
 // by spaces, each stripped of the punctuation around it; the shape of a
 // shape is itself. It is only a key: the line's text is never changed.
 func lineShape(s string) string {
-	var b strings.Builder
-	b.Grow(len(s))
-	walkShape(&b, s)
-	return b.String()
+	return string(appendShape(make([]byte, 0, len(s)), s))
 }
 
-// shapeHash is the 64-bit FNV-1a hash of lineShape(s), made without
-// building the shape: the correlator's key for a combined event.
+// shapeSeed keys shapeHash: shapes are compared only within one process.
+var shapeSeed = maphash.MakeSeed()
+
+// shapeHash is a 64-bit hash of lineShape(s): the correlator's key for a
+// combined event. The shape is built in a buffer on the stack, so that a
+// line of up to shapeBufSize bytes costs no allocation.
 func shapeHash(s string) uint64 {
-	h := fnvHash(fnvOffset)
-	walkShape(&h, s)
-	return uint64(h)
+	var buf [shapeBufSize]byte
+	return maphash.Bytes(shapeSeed, appendShape(buf[:0], s))
 }
 
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
+const shapeBufSize = 512
 
-// fnvHash hashes what is written to it.
-type fnvHash uint64
-
-func (h *fnvHash) WriteString(s string) (int, error) {
+// appendShape appends the shape of s to b. It goes through s once, word by
+// word; a word without a digit, '.', ':', '=' or '>' cannot hold anything a
+// placeholder replaces, and is copied as it is.
+func appendShape(b []byte, s string) []byte {
+	start, m := 0, charClass(0)
 	for i := 0; i < len(s); i++ {
-		*h = (*h ^ fnvHash(s[i])) * fnvPrime
-	}
-	return len(s), nil
-}
-
-func (h *fnvHash) WriteByte(c byte) error {
-	*h = (*h ^ fnvHash(c)) * fnvPrime
-	return nil
-}
-
-// shapeSink is where a shape is written: a strings.Builder or an fnvHash.
-type shapeSink interface {
-	WriteString(string) (int, error)
-	WriteByte(byte) error
-}
-
-func walkShape(b shapeSink, s string) {
-	for len(s) > 0 {
-		i := strings.IndexAny(s, " \t")
-		if i < 0 {
-			i = len(s)
+		c := s[i]
+		if c != ' ' && c != '\t' {
+			m |= classes[c]
+			continue
 		}
-		shapeWord(b, s[:i])
-		if i == len(s) {
-			break
+		if m&shaped == 0 {
+			b = append(b, s[start:i+1]...)
+		} else {
+			b = append(appendWord(b, s[start:i], m), c)
 		}
-		b.WriteByte(s[i])
-		s = s[i+1:]
+		start, m = i+1, 0
 	}
+	if m&shaped == 0 {
+		return append(b, s[start:]...)
+	}
+	return appendWord(b, s[start:], m)
 }
 
-// shapeWord writes the shape of one word: each side of "->", and the value
-// of key=value, shaped alone.
-func shapeWord(b shapeSink, w string) {
-	if plainWord(w) {
-		b.WriteString(w)
-		return
+// appendWord appends the shape of one word, whose classes are m: each side
+// of "->", and the value of key=value, shaped alone.
+func appendWord(b []byte, w string, m charClass) []byte {
+	if m&shaped == 0 {
+		return append(b, w...)
 	}
-	for {
-		i := strings.Index(w, "->")
-		if i < 0 {
-			break
+	if m&classGt != 0 {
+		if i := strings.Index(w, "->"); i >= 0 {
+			b = append(appendWord(b, w[:i], classOf(w[:i])), "->"...)
+			w = w[i+2:]
+			return appendWord(b, w, classOf(w))
 		}
-		shapeWord(b, w[:i])
-		b.WriteString("->")
-		w = w[i+2:]
 	}
-	if i := strings.IndexByte(w, '='); i >= 0 {
-		b.WriteString(w[:i+1])
-		shapeWord(b, w[i+1:])
-		return
+	if m&classEq != 0 {
+		i := strings.IndexByte(w, '=')
+		return appendWord(append(b, w[:i+1]...), w[i+1:], classOf(w[i+1:]))
 	}
 	end := len(w)
 	for end > 0 && closing[w[end-1]] {
 		end--
 	}
-	if isIPv6(w[:end]) { // before ':' is taken for punctuation: ::1
-		b.WriteString(shapeIP)
-		b.WriteString(w[end:])
-		return
+	if m&classColon != 0 && isIPv6(w[:end]) { // before ':' is taken for punctuation: ::1
+		return append(append(b, shapeIP...), w[end:]...)
 	}
 	start := 0
 	for start < end && opening[w[start]] {
 		if w[start] == '[' {
 			if n, ok := bracketedIP(w[start:]); ok {
-				b.WriteString(w[:start])
-				b.WriteString(shapeIP)
-				b.WriteString(w[start+n:])
-				return
+				b = append(append(b, w[:start]...), shapeIP...)
+				return append(b, w[start+n:]...)
 			}
 		}
 		start++
 	}
-	b.WriteString(w[:start])
-	b.WriteString(shapeOf(w[start:end]))
-	b.WriteString(w[end:])
+	b = append(b, w[:start]...)
+	b = append(b, shapeOf(w[start:end])...)
+	return append(b, w[end:]...)
 }
 
 // Punctuation taken off a word's ends before it is classified.
@@ -138,18 +118,71 @@ func byteSet(chars string) (set [256]bool) {
 	return set
 }
 
-// plainWord tells a word that no placeholder can replace: without a digit,
-// a dot, a colon, "->" or "=" (a name has a dot, a hex identifier a digit
-// or 0x, an IPv6 address a colon).
-func plainWord(w string) bool {
-	for i := 0; i < len(w); i++ {
-		switch c := w[i]; {
-		case c >= '0' && c <= '9', c == '.', c == ':', c == '=', c == '>':
-			return false
+// charClass is a set of the kinds of bytes in a word: one pass over a word
+// tells which placeholders it could take, before any of them is tried.
+type charClass uint16
+
+const (
+	classDigit     charClass = 1 << iota
+	classHexLetter           // a-f, A-F
+	classUnit                // the letters of a duration's units but a hex digit: h, m, n, s, u, and µ's bytes
+	classX                   // x, X: 0x...
+	classLetter              // the other letters
+	classDot
+	classColon
+	classDash
+	classPlus
+	classUnderscore
+	classStar
+	classPercent
+	classEq
+	classGt
+	classOther
+
+	// shaped are the classes without which no placeholder can replace a
+	// word or a part of it: a name has a dot, a hex identifier a digit or
+	// 0x, an IPv6 address a colon.
+	shaped = classDigit | classDot | classColon | classEq | classGt
+	// letters are the classes of letters.
+	letters = classHexLetter | classUnit | classX | classLetter
+)
+
+var classes = func() (t [256]charClass) {
+	for c := range t {
+		t[c] = classOther
+	}
+	set := func(chars string, k charClass) {
+		for i := 0; i < len(chars); i++ {
+			t[chars[i]] = k
 		}
 	}
-	return true
+	set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", classLetter)
+	set("abcdefABCDEF", classHexLetter)
+	set("hmnsu\xc2\xb5", classUnit)
+	set("xX", classX)
+	set("0123456789", classDigit)
+	set(".", classDot)
+	set(":", classColon)
+	set("-", classDash)
+	set("+", classPlus)
+	set("_", classUnderscore)
+	set("*", classStar)
+	set("%", classPercent)
+	set("=", classEq)
+	set(">", classGt)
+	return t
+}()
+
+// classOf is the set of the classes of w's bytes.
+func classOf(w string) (m charClass) {
+	for i := 0; i < len(w); i++ {
+		m |= classes[w[i]]
+	}
+	return m
 }
+
+// only tells whether m has no class outside allowed.
+func (m charClass) only(allowed charClass) bool { return m&^allowed == 0 }
 
 // bracketedIP matches [v6]:port or [v6] at the start of w and returns its
 // length, the punctuation after it excluded.
@@ -174,21 +207,23 @@ func endOfDigits(w string, i int) int {
 
 // shapeOf is the placeholder of a word stripped of punctuation, or the
 // word itself.
+// Each test runs only when the classes of w's bytes allow it to match.
 func shapeOf(w string) string {
+	m := classOf(w)
 	switch {
 	case w == "":
 		return w
-	case isNumber(w):
+	case m.only(classDigit|classDot|classDash|classPlus) && isNumber(w):
 		return shapeNum
-	case isUUID(w):
+	case len(w) == 36 && m.only(classDigit|classHexLetter|classDash) && isUUID(w):
 		return shapeUUID
-	case isDuration(w):
+	case m.only(classDigit|classDot|classDash|classUnit) && isDuration(w):
 		return shapeDur
-	case isHostPort(w):
+	case (m&classColon != 0 || m.only(classDigit|classDot)) && isHostPort(w):
 		return shapeIP
-	case isHex(w):
+	case m.only(classDigit|classHexLetter|classX) && isHex(w):
 		return shapeHex
-	case isName(w):
+	case m&classDot != 0 && m.only(letters|classDigit|classDash|classUnderscore|classStar|classDot) && isName(w):
 		return shapeName
 	}
 	return w
@@ -287,16 +322,23 @@ func cutLast(w string, sep byte) (string, string, bool) {
 }
 
 func isIPv4(w string) bool {
-	parts := 0
-	for w != "" {
-		octet, rest, _ := strings.Cut(w, ".")
-		if len(octet) == 0 || len(octet) > 3 || !isDigits(octet) {
+	parts, digits := 1, 0
+	for i := 0; i < len(w); i++ {
+		switch c := w[i]; {
+		case c >= '0' && c <= '9':
+			if digits++; digits > 3 {
+				return false
+			}
+		case c == '.' && digits > 0:
+			if i+1 == len(w) { // a trailing dot ends it
+				return parts == 4
+			}
+			parts, digits = parts+1, 0
+		default:
 			return false
 		}
-		parts++
-		w = rest
 	}
-	return parts == 4
+	return parts == 4 && digits > 0
 }
 
 // isIPv6: hex groups and colons, with "::" or seven colons, maybe a zone
