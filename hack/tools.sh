@@ -4,7 +4,8 @@
 # node (root on Linux only) kubelet, kube-controller-manager, kube-scheduler
 # from tools/go.mod and containerd, its runc shim and ctr from
 # tools/containerd/go.mod, plus Debian's runc, CNI plugins, iptables and
-# conntrack. Each binary is cached outside the repository in
+# conntrack; and Prometheus with promtool, from Debian's package, for the
+# alerting rules' tests. Each binary is cached outside the repository in
 # $K8S_EVENT_CACHE/<name>-<version>/ and built only when missing. A build
 # goes to a temporary directory that is renamed into place, so concurrent
 # runs never see a half-written binary.
@@ -14,8 +15,9 @@
 #   hack/tools.sh node           install, plus what the node needs
 #   hack/tools.sh env [node]     install (node: plus the node), then print
 #                                KUBE_APISERVER=, ETCD=, KUBECTL=, the node's
-#                                binaries when they are there, and DNSPERF=
-#                                when installed
+#                                binaries when they are there, PROMETHEUS=
+#                                and PROMTOOL= when apt-get could fetch
+#                                them, and DNSPERF= when installed
 #   hack/tools.sh dnsperf        install Debian's dnsperf when it is missing
 #   hack/tools.sh clean          remove the cache
 set -euo pipefail
@@ -79,6 +81,7 @@ install() {
 	KUBE_APISERVER=$(build kube-apiserver "$kube" k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags "$kube")")
 	KUBECTL=$(build kubectl "$kube" k8s.io/kubernetes/cmd/kubectl "$(kube_ldflags "$kube")")
 	ETCD=$(build etcd "$etcd" go.etcd.io/etcd/server/v3)
+	install_prometheus
 }
 
 # apt_install PACKAGE... installs Debian packages, updating the package
@@ -94,6 +97,39 @@ apt_install() {
 install_dnsperf() {
 	command -v dnsperf >/dev/null && return
 	apt_install dnsperf
+}
+
+# prometheus_deb is the version of Debian's prometheus package whose
+# prometheus and promtool the alerting rules are tested with.
+prometheus_deb=2.42.0+ds-5+b6
+
+# install_prometheus unpacks Debian's prometheus package into the cache,
+# without installing it: no service is started, nothing outside the cache
+# changes. Without apt-get it says so and leaves PROMETHEUS unset.
+install_prometheus() {
+	local dir="$cache/prometheus-$prometheus_deb"
+	if [[ ! -x "$dir/promtool" ]]; then
+		if ! command -v apt-get >/dev/null; then
+			log "no apt-get: Prometheus is not installed and the alerting rules' test skips"
+			return
+		fi
+		mkdir -p "$cache"
+		local tmp
+		tmp=$(mktemp -d "$cache/.prometheus-$prometheus_deb.XXXXXX")
+		chmod 755 "$tmp"
+		log "fetching Debian's prometheus $prometheus_deb"
+		if ! (cd "$tmp" && { apt-get download -q "prometheus=$prometheus_deb" >&2 ||
+			{ apt-get update -q >&2 && apt-get download -q "prometheus=$prometheus_deb" >&2; }; } &&
+			dpkg-deb -x prometheus_*.deb pkg && mv pkg/usr/bin/prometheus pkg/usr/bin/promtool . &&
+			rm -rf pkg prometheus_*.deb); then
+			rm -rf "$tmp"
+			log "fetching prometheus $prometheus_deb failed"
+			return 1
+		fi
+		mv -T "$tmp" "$dir" 2>/dev/null || rm -rf "$tmp"
+	fi
+	PROMETHEUS="$dir/prometheus"
+	PROMTOOL="$dir/promtool"
 }
 
 containerd_mod="$tools_mod/containerd"
@@ -123,6 +159,7 @@ print_env() {
 		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER"
 		printf "CONTAINERD=%q\nCONTAINERD_SHIM=%q\nCTR=%q\n" "$CONTAINERD" "$CONTAINERD_SHIM" "$CTR"
 	fi
+	if [[ -n ${PROMETHEUS:-} ]]; then printf "PROMETHEUS=%q\nPROMTOOL=%q\n" "$PROMETHEUS" "$PROMTOOL"; fi
 	if command -v dnsperf >/dev/null; then printf "DNSPERF=%q\n" "$(command -v dnsperf)"; fi
 }
 
