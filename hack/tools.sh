@@ -4,18 +4,20 @@
 # node (root on Linux only) kubelet, kube-controller-manager, kube-scheduler
 # from tools/go.mod and containerd, its runc shim and ctr from
 # tools/containerd/go.mod, plus Debian's runc, CNI plugins, iptables and
-# conntrack; and Prometheus with promtool, from Debian's package, for the
-# alerting rules' tests. Each binary is cached outside the repository in
-# $K8S_EVENT_CACHE/<name>-<version>/ and built only when missing. A build
-# goes to a temporary directory that is renamed into place, so concurrent
-# runs never see a half-written binary.
+# conntrack; Prometheus with promtool, from Debian's package, for the
+# alerting rules' tests; and an OpenTelemetry Collector from
+# tools/otelcol/go.mod for the event-routing recipe's test. Each binary is
+# cached outside the repository in $K8S_EVENT_CACHE/<name>-<version>/ and
+# built only when missing. A build goes to a temporary directory that is
+# renamed into place, so concurrent runs never see a half-written binary.
 #
 # Usage:
 #   hack/tools.sh install        build whatever is missing (the default)
 #   hack/tools.sh node           install, plus what the node needs
 #   hack/tools.sh env [node]     install (node: plus the node), then print
 #                                KUBE_APISERVER=, ETCD=, KUBECTL=, the node's
-#                                binaries when they are there, PROMETHEUS=
+#                                binaries when they are there, OTELCOL=,
+#                                PROMETHEUS=
 #                                and PROMTOOL= when apt-get could fetch
 #                                them, and DNSPERF= when installed
 #   hack/tools.sh dnsperf        install Debian's dnsperf when it is missing
@@ -81,6 +83,9 @@ install() {
 	KUBE_APISERVER=$(build kube-apiserver "$kube" k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags "$kube")")
 	KUBECTL=$(build kubectl "$kube" k8s.io/kubernetes/cmd/kubectl "$(kube_ldflags "$kube")")
 	ETCD=$(build etcd "$etcd" go.etcd.io/etcd/server/v3)
+	local otel
+	otel=$(module_version go.opentelemetry.io/collector/otelcol "$tools_mod/otelcol")
+	OTELCOL=$(build otelcol "$otel" . "" "$tools_mod/otelcol")
 	install_prometheus
 }
 
@@ -154,7 +159,7 @@ install_node() {
 }
 
 print_env() {
-	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL"
+	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\nOTELCOL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL" "$OTELCOL"
 	if [[ -n ${KUBELET:-} ]]; then
 		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER"
 		printf "CONTAINERD=%q\nCONTAINERD_SHIM=%q\nCTR=%q\n" "$CONTAINERD" "$CONTAINERD_SHIM" "$CTR"

@@ -14,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dnsops/k8s_event/internal/cluster"
+	"github.com/dnsops/k8s_event/test/plugin/logline"
 )
 
 // TestAlertingRules checks the alerts of deploy/monitoring/prometheusrule.yaml
@@ -171,4 +173,214 @@ func alerts(t *testing.T, web, namespace, pod string) map[string]string {
 		got[key] = a.State
 	}
 	return got
+}
+
+// TestEventRouting runs the OpenTelemetry Collector recipe of the README,
+// deploy/monitoring/otelcol-events.yaml, against the API server: its
+// receivers and pipelines as shipped, with file exporters in place of the
+// OTLP ones and the test's kubeconfig in place of the ServiceAccount. Each
+// route must get exactly the events its label selector names, new ones and
+// count updates alike.
+func TestEventRouting(t *testing.T) {
+	otelcol := os.Getenv("OTELCOL")
+	if otelcol == "" {
+		t.Fatal("OTELCOL is not set: run through make test-e2e, or set what hack/tools.sh env prints")
+	}
+	// The README shows the file as it is, but its comments.
+	recipe := filepath.Join(repoRoot, "deploy/monitoring/otelcol-events.yaml")
+	var body strings.Builder
+	for _, l := range strings.SplitAfter(mustRead(recipe), "\n") {
+		if !strings.HasPrefix(l, "#") {
+			body.WriteString(l)
+		}
+	}
+	if !strings.Contains(mustRead(filepath.Join(repoRoot, "README.md")), "~~~ yaml\n"+body.String()+"~~~\n") {
+		t.Errorf("README.md does not show %s as it is:\n%s", recipe, body.String())
+	}
+
+	// The recipe watches kube-system, where the cluster's DNS runs.
+	pod, err := kube.CreatePod(t.Context(), "kube-system", "coredns-"+strconv.FormatInt(time.Now().UnixNano()%1e6, 36))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCoreDNS(t, pod, faultsCorefile)
+
+	dir := t.TempDir()
+	upstream, errs := filepath.Join(dir, "dns-upstream.json"), filepath.Join(dir, "dns-errors.json")
+	override := fmt.Sprintf(`receivers:
+  k8sobjects/dns-upstream: {auth_type: kubeConfig}
+  k8sobjects/dns-errors: {auth_type: kubeConfig}
+exporters:
+  file/oncall: {path: %q}
+  file/logs: {path: %q}
+service:
+  telemetry: {metrics: {level: none}}
+  pipelines:
+    logs/dns-upstream: {exporters: [file/oncall]}
+    logs/dns-errors: {exporters: [file/logs]}
+`, upstream, errs)
+	overridePath := filepath.Join(dir, "test-exporters.yaml")
+	if err := os.WriteFile(overridePath, []byte(override), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	col, err := cluster.StartProcess("otelcol", filepath.Join(dir, "otelcol.log"), []string{"KUBECONFIG=" + kube.KubeconfigPath}, otelcol,
+		"--config=file:"+recipe, "--config=file:"+overridePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		col.Stop(5 * time.Second)
+		if t.Failed() {
+			t.Logf("otelcol log:\n%s", col.LogTail(40))
+		}
+	})
+	waitFor(t, 30*time.Second, "the collector to start", func() bool { return col.LogContains("Everything is ready") })
+	time.Sleep(2 * time.Second) // its watches start right after
+
+	post := func(plugin, level, body string) {
+		t.Helper()
+		if err := logline.PostAs(t.Context(), c.Logline, plugin, level, 1, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A repeat of a line raises the count of its event: a MODIFIED.
+	post("forward", "error", "no healthy upstream for 10.0.0.2:53")
+	post("forward", "error", "no healthy upstream for 10.0.0.2:53")
+	post("forward", "warning", "upstream 10.0.0.2:53 answered slowly")
+	post("errors", "error", "2 a.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout")
+	post("kubernetes", "error", "failed to list *v1.Namespace: i/o timeout")
+	post("reload", "warning", "Corefile changed but reload failed")
+	post("health", "info", "going into lameduck mode for 5s")
+
+	// Every line is in the API first, so that a notice routed where it
+	// should not be has had time to arrive.
+	// (the info line is not one: info is not among the default levels)
+	waitEventsFor(t, pod, 30*time.Second, "5 events, one of count 2", func(evs []corev1.Event) bool {
+		var n int32
+		for _, e := range evs {
+			n += e.Count
+		}
+		return len(evs) == 5 && n == 6
+	})
+	time.Sleep(time.Second)
+	want := map[string]map[string]string{
+		upstream: {
+			"forward/error/ADDED/1":    "plugin/forward: no healthy upstream for 10.0.0.2:53",
+			"forward/error/MODIFIED/2": "plugin/forward: no healthy upstream for 10.0.0.2:53",
+			"forward/warning/ADDED/1":  "plugin/forward: upstream 10.0.0.2:53 answered slowly",
+		},
+		errs: {
+			"errors/error/ADDED/1":     "plugin/errors: 2 a.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout",
+			"kubernetes/error/ADDED/1": "plugin/kubernetes: failed to list *v1.Namespace: i/o timeout",
+		},
+	}
+	got := map[string]map[string]string{}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		for path := range want {
+			got[path] = exported(t, path, pod.Name)
+		}
+		if maps.EqualFunc(got, want, maps.Equal) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("routed:\n%v\nwant:\n%v\nevents: %s", got, want, describeOrErr(t, pod))
+		}
+	}
+	t.Logf("routed: %v", got)
+}
+
+// exported reads what a file exporter wrote, one OTLP/JSON batch a line, and
+// returns the watch notices of events about pod as
+// plugin/level/TYPE/count to message.
+func exported(t *testing.T, path, pod string) map[string]string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	// The last line may be still being written.
+	lines := strings.Split(string(data), "\n")
+	for _, line := range lines[:len(lines)-1] {
+		var batch struct {
+			ResourceLogs []struct {
+				ScopeLogs []struct {
+					LogRecords []struct {
+						Body json.RawMessage `json:"body"`
+					} `json:"logRecords"`
+				} `json:"scopeLogs"`
+			} `json:"resourceLogs"`
+		}
+		if err := json.Unmarshal([]byte(line), &batch); err != nil {
+			t.Fatalf("%s: %v: %s", path, err, line)
+		}
+		for _, rl := range batch.ResourceLogs {
+			for _, sl := range rl.ScopeLogs {
+				for _, r := range sl.LogRecords {
+					notice, _ := anyValue(t, r.Body).(map[string]any)
+					ev, _ := notice["object"].(map[string]any)
+					involved, _ := ev["involvedObject"].(map[string]any)
+					meta, _ := ev["metadata"].(map[string]any)
+					labels, _ := meta["labels"].(map[string]any)
+					if involved["name"] != pod {
+						continue
+					}
+					key := fmt.Sprintf("%v/%v/%v/%v", labels["coredns.io/plugin"], labels["coredns.io/level"], notice["type"], ev["count"])
+					out[key] = fmt.Sprint(ev["message"])
+				}
+			}
+		}
+	}
+	return out
+}
+
+// anyValue turns an OTLP/JSON AnyValue into strings, numbers, maps and slices.
+func anyValue(t *testing.T, raw json.RawMessage) any {
+	var v struct {
+		String *string      `json:"stringValue"`
+		Int    *json.Number `json:"intValue"`
+		Double *float64     `json:"doubleValue"`
+		Bool   *bool        `json:"boolValue"`
+		KV     *struct {
+			Values []struct {
+				Key   string
+				Value json.RawMessage
+			}
+		} `json:"kvlistValue"`
+		Array *struct{ Values []json.RawMessage } `json:"arrayValue"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatalf("an OTLP value: %v: %s", err, raw)
+	}
+	switch {
+	case v.String != nil:
+		return *v.String
+	case v.Int != nil:
+		return v.Int.String()
+	case v.Double != nil:
+		return *v.Double
+	case v.Bool != nil:
+		return *v.Bool
+	case v.KV != nil:
+		m := map[string]any{}
+		for _, kv := range v.KV.Values {
+			m[kv.Key] = anyValue(t, kv.Value)
+		}
+		return m
+	case v.Array != nil:
+		a := make([]any, len(v.Array.Values))
+		for i, e := range v.Array.Values {
+			a[i] = anyValue(t, e)
+		}
+		return a
+	}
+	return nil
+}
+
+// describeOrErr lists pod's events for a failure message.
+func describeOrErr(t *testing.T, pod *corev1.Pod) string {
+	evs, err := events(t.Context(), pod)
+	if err != nil {
+		return err.Error()
+	}
+	return describe(evs)
 }

@@ -5,7 +5,8 @@
 // A query for a name under fail.logline. gets SERVFAIL and an error that the
 // errors plugin logs. With ADDR, an HTTP server there takes
 // POST /log?level=LEVEL&count=N and logs the request body N times at LEVEL
-// through a plugin logger, verbatim.
+// through a plugin logger, verbatim: its own, or with plugin=NAME, the one
+// CoreDNS gives plugin NAME (clog.NewWithPlugin), as if NAME had logged.
 package logline
 
 import (
@@ -105,18 +106,22 @@ func serveLog(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	msg := string(body)
+	logger := log
+	if p := r.URL.Query().Get("plugin"); p != "" {
+		logger = clog.NewWithPlugin(p)
+	}
 	var logf func(...any)
 	switch r.URL.Query().Get("level") {
 	case "debug":
-		logf = log.Debug
+		logf = logger.Debug
 	case "info":
-		logf = log.Info
+		logf = logger.Info
 	case "warning":
-		logf = log.Warning
+		logf = logger.Warning
 	case "error", "":
-		logf = log.Error
+		logf = logger.Error
 	case "fatal":
-		logf = log.Fatal
+		logf = logger.Fatal
 	default:
 		http.Error(w, "bad level", http.StatusBadRequest)
 		return
@@ -129,8 +134,16 @@ func serveLog(w http.ResponseWriter, r *http.Request) {
 
 // Post asks the logline server at addr to log body count times at level.
 func Post(ctx context.Context, addr, level string, count int, body string) error {
-	u := url.URL{Scheme: "http", Host: addr, Path: "/log",
-		RawQuery: url.Values{"level": {level}, "count": {strconv.Itoa(count)}}.Encode()}
+	return PostAs(ctx, addr, "", level, count, body)
+}
+
+// PostAs is Post through the logger of plugin; "" is logline's own.
+func PostAs(ctx context.Context, addr, plugin, level string, count int, body string) error {
+	q := url.Values{"level": {level}, "count": {strconv.Itoa(count)}}
+	if plugin != "" {
+		q.Set("plugin", plugin)
+	}
+	u := url.URL{Scheme: "http", Host: addr, Path: "/log", RawQuery: q.Encode()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), strings.NewReader(body))
 	if err != nil {
 		return err
