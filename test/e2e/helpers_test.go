@@ -392,44 +392,16 @@ func settle(t *testing.T, pod *corev1.Pod, d time.Duration, what string, check f
 	}
 }
 
-func describe(evs []corev1.Event) string {
-	var b strings.Builder
-	for _, e := range evs {
-		fmt.Fprintf(&b, "  %s %s %s count=%d %q\n", e.Name, e.Type, e.Reason, e.Count, trunc(e.Message, 120))
-	}
-	if b.Len() == 0 {
-		return "  (none)\n"
-	}
-	return b.String()
-}
-
-func trunc(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
-}
+var describe = cluster.DescribeEvents
 
 // withReason returns the events with that reason.
 func withReason(evs []corev1.Event, reason string) []corev1.Event {
-	var out []corev1.Event
-	for _, e := range evs {
-		if e.Reason == reason {
-			out = append(out, e)
-		}
-	}
-	return out
+	return cluster.EventsWith(evs, reason, "")
 }
 
 // withMessage returns the events whose message contains s.
 func withMessage(evs []corev1.Event, s string) []corev1.Event {
-	var out []corev1.Event
-	for _, e := range evs {
-		if strings.Contains(e.Message, s) {
-			out = append(out, e)
-		}
-	}
-	return out
+	return cluster.EventsWith(evs, "", s)
 }
 
 // kubectl runs kubectl as admin and fails the test on error.

@@ -1,8 +1,14 @@
 //go:build e2e
 
-package e2e
+// Package node runs CoreDNS with k8s_event as the cluster's DNS on a real
+// single-node Kubernetes (internal/cluster with a node): from the project's
+// image, as kubeadm lays it out and then through deploy/k8s_event. It is a
+// package of its own so that it runs beside test/e2e, whose tests share one
+// control plane without a node.
+package node
 
 import (
+	"archive/tar"
 	"bufio"
 	"context"
 	"encoding/json"
@@ -49,10 +55,39 @@ fail.test:53 {
 `
 
 // nodeEnv is the node, and CoreDNS as the cluster's DNS on it.
+// repoRoot is the root of the repository; tests run in their package's
+// directory.
+var repoRoot, _ = filepath.Abs("../../..")
+
 type nodeEnv struct {
 	t    *testing.T
 	kube *cluster.Cluster
 	dir  string // the test-only kustomizations
+	ref  string // the image's name:tag, which the overlay names
+}
+
+// archiveRef is the name:tag of the image in a `docker save` archive.
+func archiveRef(t *testing.T, archive string) string {
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("%s: no manifest.json: %v", archive, err)
+		}
+		if h.Name != "manifest.json" {
+			continue
+		}
+		var manifest []struct{ RepoTags []string }
+		if err := json.NewDecoder(tr).Decode(&manifest); err != nil || len(manifest) != 1 || len(manifest[0].RepoTags) != 1 {
+			t.Fatalf("%s: manifest.json: %v %v", archive, err, manifest)
+		}
+		return manifest[0].RepoTags[0]
+	}
 }
 
 // nodeImage is the image archive: $K8S_EVENT_IMAGE, as `make test` sets
@@ -92,7 +127,7 @@ func TestNode(t *testing.T) {
 	}
 	t.Cleanup(kube.Stop)
 	t.Logf("control plane and node Ready in %v", since(start))
-	e := &nodeEnv{t: t, kube: kube, dir: t.TempDir()}
+	e := &nodeEnv{t: t, kube: kube, dir: t.TempDir(), ref: archiveRef(t, archive)}
 	e.writeKustomizations()
 
 	t.Run("stock", e.stock)
@@ -114,7 +149,7 @@ func since(t time.Time) time.Duration { return time.Since(t).Round(100 * time.Mi
 
 func (e *nodeEnv) writeKustomizations() {
 	for name, base := range map[string]string{"stock": "deploy/kubeadm", "overlay": "deploy/k8s_event"} {
-		if err := e.kube.WriteLoopbackKustomization(filepath.Join(e.dir, name), filepath.Join(repoRoot, base), imageRef()); err != nil {
+		if err := e.kube.WriteLoopbackKustomization(filepath.Join(e.dir, name), filepath.Join(repoRoot, base), e.ref); err != nil {
 			e.t.Fatal(err)
 		}
 	}
@@ -178,7 +213,7 @@ func (e *nodeEnv) waitEvents(t *testing.T, pod *corev1.Pod, d time.Duration, wha
 	})
 	if err != nil {
 		logs, _, _ := e.kube.Kubectl(t.Context(), "-n", "kube-system", "logs", pod.Name, "--tail=30")
-		t.Fatalf("pod %s: waiting %v for %s: %v; events:\n%s--- logs ---\n%s", pod.Name, d, what, err, describe(last), logs)
+		t.Fatalf("pod %s: waiting %v for %s: %v; events:\n%s--- logs ---\n%s", pod.Name, d, what, err, cluster.DescribeEvents(last), logs)
 	}
 	return last
 }
@@ -207,7 +242,7 @@ func (e *nodeEnv) stock(t *testing.T) {
 	}
 	for _, p := range e.pods(t) {
 		if evs := e.events(t, &p); len(withReasonPrefix(evs, "CoreDNS")) > 0 {
-			t.Errorf("stock CoreDNS %s wrote CoreDNS events:\n%s", p.Name, describe(evs))
+			t.Errorf("stock CoreDNS %s wrote CoreDNS events:\n%s", p.Name, cluster.DescribeEvents(evs))
 		}
 	}
 }
@@ -294,7 +329,7 @@ func (e *nodeEnv) eventsOnEachPod(t *testing.T) {
 			}
 		}
 		evs := e.waitEvents(t, &p, time.Minute, "its CoreDNSInfo event", func(evs []corev1.Event) bool {
-			return len(withMessage(withReason(evs, "CoreDNSInfo"), "Running configuration SHA512")) > 0
+			return len(cluster.EventsWith(evs, "CoreDNSInfo", "Running configuration SHA512")) > 0
 		})
 		var first time.Time
 		for _, ev := range withReasonPrefix(evs, "CoreDNS") {
@@ -402,7 +437,7 @@ func (e *nodeEnv) reload(t *testing.T) {
 	pods := e.pods(t)
 	old := e.corefile(t)
 	hashes := func(evs []corev1.Event) int {
-		return len(withMessage(withReason(evs, "CoreDNSInfo"), "Running configuration SHA512"))
+		return len(cluster.EventsWith(evs, "CoreDNSInfo", "Running configuration SHA512"))
 	}
 	before := map[string]int{}
 	for _, p := range pods {
@@ -437,7 +472,7 @@ func (e *nodeEnv) reload(t *testing.T) {
 		})
 		for _, ev := range evs {
 			if strings.Contains(ev.Message, "nosuchplugin") {
-				t.Logf("pod %s: %s %s %v after the broken edit: %s", pod.Name, ev.Type, ev.Reason, since(start), trunc(ev.Message, 160))
+				t.Logf("pod %s: %s %s %v after the broken edit: %s", pod.Name, ev.Type, ev.Reason, since(start), ev.Message)
 			}
 		}
 	}
@@ -464,7 +499,7 @@ func errorLines(logs, marker string) int {
 // marker.
 func counted(evs []corev1.Event, marker string) int {
 	n := 0
-	for _, ev := range withMessage(evs, marker) {
+	for _, ev := range cluster.EventsWith(evs, "", marker) {
 		n += int(ev.Count)
 	}
 	return n
@@ -491,18 +526,28 @@ func (e *nodeEnv) role(t *testing.T) {
 		return n
 	}
 
+	refused := func(verb string) {
+		t.Helper()
+		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			return forbidden()[verb] > 0, nil
+		})
+		if err != nil {
+			t.Fatalf("no 403 on %s within a minute: %v", verb, err)
+		}
+	}
+
 	// Without patch: repeats of one line cannot update the count.
 	e.setVerbs(t, "create")
 	for range 10 {
 		e.fail("repeat.rbac.fail.test.")
 	}
 	// Without create: new lines cannot be written.
-	waitFor(t, time.Minute, "a 403 on patch", func() bool { return forbidden()["patch"] > 0 })
+	refused("patch")
 	e.setVerbs(t, "patch")
 	for i := range 5 {
 		e.fail(fmt.Sprintf("new%d.rbac.fail.test.", i))
 	}
-	waitFor(t, time.Minute, "a 403 on create", func() bool { return forbidden()["create"] > 0 })
+	refused("create")
 	t.Logf("403s while a verb was taken away: %v", forbidden())
 
 	e.setVerbs(t, "create", "patch")
@@ -513,7 +558,7 @@ func (e *nodeEnv) role(t *testing.T) {
 			return counted(evs, "rbac.fail.test") == lines
 		})
 		said := strings.Count(e.kubectl("-n", "kube-system", "logs", p.Name, "--since-time="+since), "plugin/k8s_event: writing event:")
-		t.Logf("pod %s: %d lines, %d in events (%d objects), said %d times why it could not write", p.Name, lines, counted(evs, "rbac.fail.test"), len(withMessage(evs, "rbac.fail.test")), said)
+		t.Logf("pod %s: %d lines, %d in events (%d objects), said %d times why it could not write", p.Name, lines, counted(evs, "rbac.fail.test"), len(cluster.EventsWith(evs, "", "rbac.fail.test")), said)
 		if lines > 0 && said != 1 {
 			t.Errorf("pod %s said %d times that it could not write, want once:\n%s", p.Name, said, grepLines(logs, "plugin/k8s_event"))
 		}
@@ -571,7 +616,7 @@ func (e *nodeEnv) deletePod(t *testing.T) {
 		return counted(evs, "delete.fail.test") >= lines
 	})
 	t.Logf("pod %s exited %v after the delete; it logged %d lines (%d during the lameduck); its events count %d in %d objects",
-		pod.Name, exited, lines, errorLines(logs.String(), "lameduck"), counted(evs, "delete.fail.test"), len(withMessage(evs, "delete.fail.test")))
+		pod.Name, exited, lines, errorLines(logs.String(), "lameduck"), counted(evs, "delete.fail.test"), len(cluster.EventsWith(evs, "", "delete.fail.test")))
 	if got := counted(evs, "delete.fail.test"); got != lines {
 		t.Errorf("events count %d lines, the pod logged %d", got, lines)
 	}
