@@ -460,8 +460,10 @@ func localCorefile(corefile string) string {
 				forward += " {"
 			}
 			out = append(out, forward)
-		case depth == 1 && len(fields) == 1 && slices.Contains([]string{"health", "ready", "prometheus"}, fields[0]):
-			out = append(out, "    "+fields[0]+" {{freeAddr}}")
+		case depth == 1 && slices.Contains([]string{"health", "ready", "prometheus"}, fields[0]) &&
+			(len(fields) == 1 || len(fields) == 2 && fields[1] == "{"):
+			// their default ports are host ports of the node's CoreDNS pods
+			out = append(out, strings.Join(append([]string{"    " + fields[0], "{{freeAddr}}"}, fields[1:]...), " "))
 		default:
 			out = append(out, regexp.MustCompile(`(^|\s)(\[[0-9a-fA-F:]*\]|[A-Za-z0-9.\-]*):\d+\b`).ReplaceAllString(line, "$1{{freeAddr}}"))
 		}
