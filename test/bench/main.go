@@ -53,6 +53,7 @@ type bench struct {
 	gap      time.Duration
 	settle   time.Duration
 	profile  string // directory for CPU profiles of CoreDNS, or ""
+	together bool   // run A and B of a throughput pair at once
 
 	stormFile string
 	loadStart string // /proc/loadavg when the bench started
@@ -74,6 +75,7 @@ func main() {
 	micro := flag.String("micro", "", "output of `go test -bench` to summarise (optional)")
 	out := flag.String("out", "", "also write the report (Markdown) to this file")
 	flag.IntVar(&b.runs, "runs", 3, "A/B pairs of the throughput measurement")
+	flag.BoolVar(&b.together, "together", false, "run the A and the B of each throughput pair at the same time, each with its own dnsperf, instead of one after the other (A B B A ...)")
 	flag.DurationVar(&b.storm, "storm", 10*time.Second, "length of one throughput run")
 	flag.DurationVar(&b.budget, "budget", 60*time.Second, "length of the storm of the write-budget measurement")
 	flag.IntVar(&b.clients, "c", 4, "dnsperf clients (-c)")
@@ -83,7 +85,7 @@ func main() {
 	flag.IntVar(&b.probes, "probes", 100, "lines of the latency measurement")
 	flag.DurationVar(&b.gap, "gap", 250*time.Millisecond, "pause between the lines of the paced latency measurement")
 	flag.DurationVar(&b.settle, "settle", 5*time.Second, "pause before reading RSS")
-	flag.StringVar(&b.profile, "profile", "", "write CPU profiles of the first throughput pair to this directory (adds pprof to the Corefile)")
+	flag.StringVar(&b.profile, "profile", "", "write a CPU profile of CoreDNS for every throughput run to this directory (adds pprof to the Corefile)")
 	only := flag.String("only", "", "comma-separated measurements to run (throughput, budget, memory, latency); all when empty")
 	flag.Parse()
 

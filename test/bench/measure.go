@@ -3,12 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,8 +29,9 @@ const (
 	defaultBurst = 25
 )
 
-// throughput alternates runs with (A) and without (B) k8s_event, a fresh
-// CoreDNS for each, under a storm of distinct failing queries.
+// throughput alternates runs with (A) and without (B) k8s_event, A B B A A
+// B ..., a fresh CoreDNS for each, under a storm of distinct failing
+// queries.
 func (b *bench) throughput(ctx context.Context) error {
 	ns := "bench-throughput"
 	if _, err := b.kube.CreateNamespace(ctx, ns); err != nil {
@@ -49,44 +52,64 @@ func (b *bench) throughput(ctx context.Context) error {
 	}
 	var qps, cpu [2][]float64
 	var lost [2]int64
+	plugins := [2]string{pluginDefault, ""}
+	record := func(i, v int, r stormRun) {
+		qps[v] = append(qps[v], r.qps)
+		cpu[v] = append(cpu[v], r.cpu)
+		lost[v] += r.lost
+		progress("   run %d %s: %.0f qps (%d sent, %d lost), CoreDNS CPU %.1f us/query",
+			i+1, "AB"[v:v+1], r.qps, r.sent, r.lost, r.cpu)
+	}
 	for i := range b.runs {
-		for v, plugin := range []string{pluginDefault, ""} {
-			c, err := b.startCoreDNS(ctx, ns, plugin)
+		if b.together {
+			// A and B at once, each with its own dnsperf: whatever else
+			// the machine does falls on both alike.
+			var cs [2]*coreDNS
+			for v := range cs {
+				c, err := b.startCoreDNS(ctx, ns, plugins[v])
+				if err != nil {
+					for _, c := range cs[:v] {
+						c.stop(b)
+					}
+					return err
+				}
+				cs[v] = c
+			}
+			var rs [2]stormRun
+			var errs [2]error
+			var wg sync.WaitGroup
+			for v := range cs {
+				wg.Go(func() { rs[v], errs[v] = b.stormRun(ctx, cs[v], i, v) })
+			}
+			wg.Wait()
+			for v := range cs {
+				cs[v].stop(b)
+			}
+			if err := errors.Join(errs[:]...); err != nil {
+				return err
+			}
+			for v := range rs {
+				record(i, v, rs[v])
+			}
+			continue
+		}
+		// A B, then B A: a steady drift of the machine's speed falls on
+		// both variants alike.
+		order := [2]int{0, 1}
+		if i%2 == 1 {
+			order = [2]int{1, 0}
+		}
+		for _, v := range order {
+			c, err := b.startCoreDNS(ctx, ns, plugins[v])
 			if err != nil {
 				return err
 			}
-			profiled := make(chan error, 1)
-			if b.profile != "" && i == 0 {
-				go func() {
-					path := filepath.Join(b.profile, "cpu-"+"AB"[v:v+1]+".pprof")
-					profiled <- c.cpuProfile(ctx, b.storm-2*time.Second, path)
-				}()
-			} else {
-				profiled <- nil
-			}
-			cpu0, err := c.cpuSeconds(ctx)
-			if err != nil {
-				c.stop(b)
-				return err
-			}
-			p, err := b.dnsperf(ctx, c, b.stormFile, "-l", strconv.Itoa(int(b.storm.Seconds())))
-			if perr := <-profiled; perr != nil && err == nil {
-				err = perr
-			}
-			cpu1, cerr := c.cpuSeconds(ctx)
+			r, err := b.stormRun(ctx, c, i, v)
 			c.stop(b)
-			if err == nil {
-				err = cerr
-			}
 			if err != nil {
 				return err
 			}
-			qps[v] = append(qps[v], p.qps)
-			perQuery := (cpu1 - cpu0) / float64(max(p.completed, 1)) * 1e6
-			cpu[v] = append(cpu[v], perQuery)
-			lost[v] += p.lost
-			progress("   run %d %s: %.0f qps (%d sent, %d lost), CoreDNS CPU %.1f us/query",
-				i+1, "AB"[v:v+1], p.qps, p.sent, p.lost, perQuery)
+			record(i, v, r)
 		}
 	}
 	a, bb := median(qps[0]), median(qps[1])
@@ -126,6 +149,46 @@ func (b *bench) throughput(ctx context.Context) error {
 	b.note("Throughput pairs in order (A/B): %s; queries lost: A %d, B %d; median of the per-pair CPU ratios %.3f.",
 		strings.Join(pairs, "; "), lost[0], lost[1], median(cpuRatios))
 	return nil
+}
+
+// stormRun is one storm against one CoreDNS.
+type stormRun struct {
+	qps, cpu   float64 // cpu: CoreDNS's CPU per completed query, in microseconds
+	sent, lost int64
+}
+
+// stormRun sends the storm to c for b.storm and reads its CPU time around
+// it; with b.profile, it also writes a CPU profile of the run i of variant v.
+func (b *bench) stormRun(ctx context.Context, c *coreDNS, i, v int) (stormRun, error) {
+	profiled := make(chan error, 1)
+	if b.profile != "" {
+		go func() {
+			path := filepath.Join(b.profile, fmt.Sprintf("cpu-%s%d.pprof", "AB"[v:v+1], i+1))
+			profiled <- c.cpuProfile(ctx, b.storm-2*time.Second, path)
+		}()
+	} else {
+		profiled <- nil
+	}
+	cpu0, err := c.cpuSeconds(ctx)
+	if err != nil {
+		<-profiled
+		return stormRun{}, err
+	}
+	p, err := b.dnsperf(ctx, c, b.stormFile, "-l", strconv.Itoa(int(b.storm.Seconds())))
+	if perr := <-profiled; perr != nil && err == nil {
+		err = perr
+	}
+	cpu1, cerr := c.cpuSeconds(ctx)
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return stormRun{}, err
+	}
+	return stormRun{
+		qps: p.qps, cpu: (cpu1 - cpu0) / float64(max(p.completed, 1)) * 1e6,
+		sent: p.sent, lost: p.lost,
+	}, nil
 }
 
 // apiserverWrites is the number of event writes (POST, PATCH, PUT on events,
