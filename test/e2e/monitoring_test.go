@@ -72,18 +72,9 @@ scrape_configs:
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p, err := cluster.StartProcess("prometheus", filepath.Join(dir, "prometheus.log"), nil, prom,
+	startTool(t, "prometheus", dir, nil, prom,
 		"--config.file="+configPath, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+web)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop(5 * time.Second)
-		if t.Failed() {
-			t.Logf("prometheus log:\n%s", p.LogTail(30))
-		}
-	})
 
 	// Prometheus sees a counter's increase only from its first sample on:
 	// the lines come after the first scrape, and one more after the next,
@@ -114,6 +105,23 @@ scrape_configs:
 	}
 	t.Logf("alerts: %v; plugin: %s=%v, %s=%v, dropped=%v", got, errors404, c.metric(errors404),
 		pendingLines, c.metric(pendingLines), dropped(c.metrics()))
+}
+
+// startTool starts a program the test talks to, logging to dir/NAME.log;
+// it is stopped when the test ends, and its log shown if the test failed.
+func startTool(t *testing.T, name, dir string, env []string, path string, args ...string) *cluster.Process {
+	t.Helper()
+	p, err := cluster.StartProcess(name, filepath.Join(dir, name+".log"), env, path, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop(5 * time.Second)
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, p.LogTail(40))
+		}
+	})
+	return p
 }
 
 // writeRuleGroups writes the groups of a PrometheusRule as a Prometheus
@@ -223,17 +231,8 @@ service:
 	if err := os.WriteFile(overridePath, []byte(override), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	col, err := cluster.StartProcess("otelcol", filepath.Join(dir, "otelcol.log"), []string{"KUBECONFIG=" + kube.KubeconfigPath}, otelcol,
+	col := startTool(t, "otelcol", dir, []string{"KUBECONFIG=" + kube.KubeconfigPath}, otelcol,
 		"--config=file:"+recipe, "--config=file:"+overridePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		col.Stop(5 * time.Second)
-		if t.Failed() {
-			t.Logf("otelcol log:\n%s", col.LogTail(40))
-		}
-	})
 	waitFor(t, 30*time.Second, "the collector to start", func() bool { return col.LogContains("Everything is ready") })
 	time.Sleep(2 * time.Second) // its watches start right after
 
