@@ -123,8 +123,12 @@ install_prometheus() {
 		tmp=$(mktemp -d "$cache/.prometheus-$prometheus_deb.XXXXXX")
 		chmod 755 "$tmp"
 		log "fetching Debian's prometheus $prometheus_deb"
+		# The pinned version, or, once the archive has replaced it, the
+		# one it has now (said out loud; the rules' tests hold for both).
 		if ! (cd "$tmp" && { apt-get download -q "prometheus=$prometheus_deb" >&2 ||
-			{ apt-get update -q >&2 && apt-get download -q "prometheus=$prometheus_deb" >&2; }; } &&
+			{ apt-get update -q >&2 && apt-get download -q "prometheus=$prometheus_deb" >&2; } ||
+			{ log "prometheus $prometheus_deb is gone from the archive: taking $(apt-cache policy prometheus | awk '/Candidate/ {print $2}')" &&
+				apt-get download -q prometheus >&2; }; } &&
 			dpkg-deb -x prometheus_*.deb pkg && mv pkg/usr/bin/prometheus pkg/usr/bin/promtool . &&
 			rm -rf pkg prometheus_*.deb); then
 			rm -rf "$tmp"
