@@ -106,7 +106,7 @@ install_dnsperf() {
 
 # prometheus_deb is the version of Debian's prometheus package whose
 # prometheus and promtool the alerting rules are tested with.
-prometheus_deb=2.42.0+ds-5+b6
+prometheus_deb=2.42.0+ds-5+deb12u1
 
 # install_prometheus unpacks Debian's prometheus package into the cache,
 # without installing it: no service is started, nothing outside the cache
