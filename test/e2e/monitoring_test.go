@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -231,17 +232,24 @@ service:
 	if err := os.WriteFile(overridePath, []byte(override), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	col := startTool(t, "otelcol", dir, []string{"KUBECONFIG=" + kube.KubeconfigPath}, otelcol,
+	startTool(t, "otelcol", dir, []string{"KUBECONFIG=" + kube.KubeconfigPath}, otelcol,
 		"--config=file:"+recipe, "--config=file:"+overridePath)
-	waitFor(t, 30*time.Second, "the collector to start", func() bool { return col.LogContains("Everything is ready") })
-	time.Sleep(2 * time.Second) // its watches start right after
-
 	post := func(plugin, level, body string) {
 		t.Helper()
 		if err := logline.PostAs(t.Context(), c.Logline, plugin, level, 1, body); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// The watches are up once a probe line of each route has come out of
+	// it; repeats of a probe make MODIFIED notices until then.
+	waitFor(t, time.Minute, "both routes to pass a probe line on", func() bool {
+		post("forward", "error", routingProbe)
+		post("probe", "error", routingProbe)
+		time.Sleep(500 * time.Millisecond)
+		return !slices.ContainsFunc([]string{upstream, errs}, func(path string) bool {
+			return !strings.Contains(readIfThere(path), routingProbe)
+		})
+	})
 	// A repeat of a line raises the count of its event: a MODIFIED.
 	post("forward", "error", "no healthy upstream for 10.0.0.2:53")
 	post("forward", "error", "no healthy upstream for 10.0.0.2:53")
@@ -254,8 +262,9 @@ service:
 	// Every line is in the API first, so that a notice routed where it
 	// should not be has had time to arrive.
 	// (the info line is not one: info is not among the default levels)
-	waitEventsFor(t, pod, 30*time.Second, "5 events, one of count 2", func(evs []corev1.Event) bool {
+	waitEventsFor(t, pod, 30*time.Second, "5 events, one of count 2, besides the probes", func(evs []corev1.Event) bool {
 		var n int32
+		evs = slices.DeleteFunc(evs, func(e corev1.Event) bool { return strings.HasSuffix(e.Message, routingProbe) })
 		for _, e := range evs {
 			n += e.Count
 		}
@@ -286,6 +295,15 @@ service:
 		}
 	}
 	t.Logf("routed: %v", got)
+}
+
+// routingProbe is the line that tells when the collector's watches are up.
+const routingProbe = "routing probe"
+
+// readIfThere is the content of a file, or "" while it is not there.
+func readIfThere(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
 }
 
 // exported reads what a file exporter wrote, one OTLP/JSON batch a line, and
@@ -321,6 +339,9 @@ func exported(t *testing.T, path, pod string) map[string]string {
 					meta, _ := ev["metadata"].(map[string]any)
 					labels, _ := meta["labels"].(map[string]any)
 					if involved["name"] != pod {
+						continue
+					}
+					if strings.HasSuffix(fmt.Sprint(ev["message"]), routingProbe) {
 						continue
 					}
 					key := fmt.Sprintf("%v/%v/%v/%v", labels["coredns.io/plugin"], labels["coredns.io/level"], notice["type"], ev["count"])
