@@ -558,15 +558,20 @@ func (e *nodeEnv) role(t *testing.T) {
 
 	e.setVerbs(t, "create", "patch")
 	for _, p := range pods {
+		// Every line of the pod, the refused ones among them, is in an
+		// event's count once the Role is whole again. All of them: once
+		// a pod has logged more than 10 distinct lines, new ones join
+		// the combined event of their shape, whose count holds lines of
+		// earlier steps too.
 		logs := e.kubectl("-n", "kube-system", "logs", p.Name)
-		lines := errorLines(logs, "rbac.fail.test")
-		evs := e.waitEvents(t, &p, 2*time.Minute, fmt.Sprintf("the %d refused lines after the Role is whole again", lines), func(evs []corev1.Event) bool {
-			return counted(evs, "rbac.fail.test") == lines
+		lines := errorLines(logs, ".fail.test.")
+		evs := e.waitEvents(t, &p, 2*time.Minute, fmt.Sprintf("the %d lines after the Role is whole again", lines), func(evs []corev1.Event) bool {
+			return counted(evs, ".fail.test.") == lines
 		})
 		_, byPod := forbidden() // all of them: none comes after the Role is whole
 		said := strings.Count(e.kubectl("-n", "kube-system", "logs", p.Name, "--since-time="+since), "plugin/k8s_event: writing event:")
 		t.Logf("pod %s: %d lines, %d in events (%d objects), %d writes refused, said %d times why it could not write",
-			p.Name, lines, counted(evs, "rbac.fail.test"), len(cluster.EventsWith(evs, "", "rbac.fail.test")), byPod[p.Name], said)
+			p.Name, lines, counted(evs, ".fail.test."), len(cluster.EventsWith(evs, "", ".fail.test.")), byPod[p.Name], said)
 		// A pod whose lines all went out under the verb that was left was
 		// never refused: it has nothing to say.
 		if want := min(byPod[p.Name], 1); said != want {
@@ -621,13 +626,15 @@ func (e *nodeEnv) deletePod(t *testing.T) {
 		t.Fatalf("pod %s did not exit", pod.Name)
 	}
 	exited := since(start)
-	lines := errorLines(logs.String(), "delete.fail.test")
+	// All the pod's lines, as in role: a combined event holds lines of
+	// earlier steps too.
+	lines := errorLines(logs.String(), ".fail.test.")
 	evs := e.waitEvents(t, &pod, 30*time.Second, fmt.Sprintf("%d lines counted", lines), func(evs []corev1.Event) bool {
-		return counted(evs, "delete.fail.test") >= lines
+		return counted(evs, ".fail.test.") >= lines
 	})
-	t.Logf("pod %s exited %v after the delete; it logged %d lines (%d during the lameduck); its events count %d in %d objects",
-		pod.Name, exited, lines, errorLines(logs.String(), "lameduck"), counted(evs, "delete.fail.test"), len(cluster.EventsWith(evs, "", "delete.fail.test")))
-	if got := counted(evs, "delete.fail.test"); got != lines {
+	t.Logf("pod %s exited %v after the delete; it logged %d lines (%d of this step, %d during the lameduck); its events count %d in %d objects",
+		pod.Name, exited, lines, errorLines(logs.String(), "delete.fail.test"), errorLines(logs.String(), "lameduck"), counted(evs, ".fail.test."), len(cluster.EventsWith(evs, "", ".fail.test.")))
+	if got := counted(evs, ".fail.test."); got != lines {
 		t.Errorf("events count %d lines, the pod logged %d", got, lines)
 	}
 }
