@@ -47,10 +47,15 @@ rules:
 
 // failZone is a server block whose every query fails at once (nothing
 // listens on port 9), so that each query logs one error line that names it.
+// Over TCP the line is the same for each query of a name ("dial tcp
+// 127.0.0.1:9: connect: connection refused"); over UDP it would carry the
+// local port of each try.
 const failZone = `
 fail.test:53 {
     errors
-    forward . 127.0.0.1:9
+    forward . 127.0.0.1:9 {
+        force_tcp
+    }
 }
 `
 
@@ -224,8 +229,12 @@ const dnsAddr = "127.0.0.1:53"
 
 // ask sends one query and returns the answer's rcode.
 func ask(name string, timeout time.Duration) (int, error) {
+	return askType(name, dns.TypeA, timeout)
+}
+
+func askType(name string, qtype uint16, timeout time.Duration) (int, error) {
 	m := new(dns.Msg)
-	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	m.SetQuestion(dns.Fqdn(name), qtype)
 	c := &dns.Client{Timeout: timeout}
 	r, _, err := c.Exchange(m, dnsAddr)
 	if err != nil {
@@ -514,7 +523,25 @@ func (e *nodeEnv) setVerbs(t *testing.T, verbs ...string) {
 }
 
 func (e *nodeEnv) role(t *testing.T) {
+	// On new pods: what the earlier steps spent of the pods' buckets
+	// (25 writes per level, then one per five minutes) would make a
+	// write wait minutes for its token, and so its 403.
+	start := time.Now()
+	e.kubectl("-n", "kube-system", "rollout", "restart", "deployment/coredns")
+	if out, _, err := e.kube.Kubectl(t.Context(), "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=4m"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	// The old pods answer through their lameduck: wait until they are
+	// gone, so that every line below is logged by a new pod.
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := e.kube.Clientset.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-dns"})
+		return err == nil && len(list.Items) == len(e.pods(t)), nil
+	})
+	if err != nil {
+		t.Fatalf("the old pods did not go: %v", err)
+	}
 	pods := e.pods(t)
+	t.Logf("restarted in %v: %d pods", since(start), len(pods))
 	since := time.Now().UTC().Format(time.RFC3339)
 	// forbidden counts the 403s by verb, and by pod (the pod-bound token
 	// names it).
@@ -530,6 +557,7 @@ func (e *nodeEnv) role(t *testing.T) {
 		}
 		return byVerb, byPod
 	}
+	var changed time.Time // when the Role was last patched
 	refused := func(verb string) {
 		t.Helper()
 		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
@@ -537,25 +565,58 @@ func (e *nodeEnv) role(t *testing.T) {
 			return byVerb[verb] > 0, nil
 		})
 		if err != nil {
-			t.Fatalf("no 403 on %s within a minute: %v", verb, err)
+			var writes []string
+			for _, r := range e.audit(t) {
+				if r.User.Username == "system:serviceaccount:kube-system:coredns" {
+					writes = append(writes, fmt.Sprintf("%s %d %v", r.Verb, r.ResponseStatus.Code, r.User.Extra["authentication.kubernetes.io/pod-name"]))
+				}
+			}
+			list, _ := e.kube.Clientset.CoreV1().Events("kube-system").List(t.Context(), metav1.ListOptions{})
+			var evs []string
+			for _, ev := range cluster.EventsWith(list.Items, "", ".rbac.fail.test.") {
+				evs = append(evs, fmt.Sprintf("%s count %d: %s", ev.InvolvedObject.Name, ev.Count, ev.Message))
+			}
+			t.Fatalf("no 403 on %s within a minute: %v\nthe ServiceAccount's event writes:\n%s\nevents:\n%s",
+				verb, err, strings.Join(writes, "\n"), strings.Join(evs, "\n"))
 		}
+		t.Logf("403 on %s %v after the Role changed", verb, time.Since(changed).Round(100*time.Millisecond))
 	}
 
-	// Without patch: repeats of one line cannot update the count.
+	// Without patch: repeats of one line cannot update the count. (Lines
+	// of one shape past the 10 distinct of a pod would go to a combined
+	// event, also by patch; on new pods it is the repeats.)
+	changed = time.Now()
 	e.setVerbs(t, "create")
 	for range 10 {
 		e.fail("repeat.rbac.fail.test.")
 	}
-	// Without create: new lines cannot be written.
+	// Lines that come before their create has gone out ride in its count:
+	// repeat once the event is there.
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := e.kube.Clientset.CoreV1().Events("kube-system").List(ctx, metav1.ListOptions{})
+		return err == nil && len(cluster.EventsWith(list.Items, "", "repeat.rbac.fail.test.")) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("no event of the repeated line: %v", err)
+	}
+	for range 10 {
+		e.fail("repeat.rbac.fail.test.")
+	}
+	// Without create: new lines cannot be written. They are of a shape
+	// no earlier step logged (the query type is in the line): a pod past
+	// 10 distinct lines would add a line of a known shape to that shape's
+	// combined event, a patch.
 	refused("patch")
+	changed = time.Now()
 	e.setVerbs(t, "patch")
 	for i := range 5 {
-		e.fail(fmt.Sprintf("new%d.rbac.fail.test.", i))
+		_, _ = askType(fmt.Sprintf("new%d.rbac.fail.test.", i), dns.TypeTXT, 2*time.Second)
 	}
 	refused("create")
 	byVerb, byPod := forbidden()
 	t.Logf("403s while a verb was taken away: %v, by pod %v", byVerb, byPod)
 
+	changed = time.Now()
 	e.setVerbs(t, "create", "patch")
 	for _, p := range pods {
 		// Every line of the pod, the refused ones among them, is in an
@@ -570,8 +631,8 @@ func (e *nodeEnv) role(t *testing.T) {
 		})
 		_, byPod := forbidden() // all of them: none comes after the Role is whole
 		said := strings.Count(e.kubectl("-n", "kube-system", "logs", p.Name, "--since-time="+since), "plugin/k8s_event: writing event:")
-		t.Logf("pod %s: %d lines, %d in events (%d objects), %d writes refused, said %d times why it could not write",
-			p.Name, lines, counted(evs, ".fail.test."), len(cluster.EventsWith(evs, "", ".fail.test.")), byPod[p.Name], said)
+		t.Logf("pod %s: %d lines, %d in events (%d objects) %v after the Role is whole, %d writes refused, said %d times why it could not write",
+			p.Name, lines, counted(evs, ".fail.test."), len(cluster.EventsWith(evs, "", ".fail.test.")), time.Since(changed).Round(100*time.Millisecond), byPod[p.Name], said)
 		// A pod whose lines all went out under the verb that was left was
 		// never refused: it has nothing to say.
 		if want := min(byPod[p.Name], 1); said != want {
