@@ -1,8 +1,6 @@
 package k8s_event
 
 import (
-	"fmt"
-	"sync"
 	"time"
 )
 
@@ -66,9 +64,9 @@ type line struct {
 	at     time.Time
 }
 
-// bufPool keeps the formatting buffers of the listener, so that an enabled
-// line costs one allocation: its text.
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+// lineBuffer is the size of the listener's formatting buffer, on the stack
+// of the goroutine that logs: longer lines go to the heap.
+const lineBuffer = 512
 
 // capture is the listener's only work. It runs inside whatever goroutine
 // logged, often a DNS query. A line at a level that is off costs a bit test:
@@ -85,18 +83,9 @@ func (p *pipeline) take(l level, plugin string, format string, formatted bool, v
 	if plugin == ownPrefix {
 		return
 	}
-	bp := bufPool.Get().(*[]byte)
-	buf := append((*bp)[:0], plugin...)
-	if formatted {
-		buf = fmt.Appendf(buf, format, v...)
-	} else {
-		buf = fmt.Append(buf, v...)
-	}
+	var stack [lineBuffer]byte
+	buf := appendLine(append(stack[:0], plugin...), format, formatted, v)
 	ln := line{level: l, plugin: plugin, text: string(buf), at: p.clock.Now()}
-	if cap(buf) <= 64<<10 {
-		*bp = buf
-		bufPool.Put(bp)
-	}
 	linesTotal[l].Inc()
 
 	if l == levelFatal {
