@@ -54,6 +54,44 @@ func TestAppendLine(t *testing.T) {
 	}
 }
 
+// TestAppendPlainTakes checks which lines take the path without fmt: a
+// line that falls back to fmt is the same, only slower.
+func TestAppendPlainTakes(t *testing.T) {
+	for _, tc := range []struct {
+		format string
+		v      []any
+		plain  bool
+	}{
+		{"%d %s %s: %s", []any{2, "a.example.org.", "A", "i/o timeout"}, true},
+		{"%v %v %d", []any{"s", int64(1), uint8(2)}, true},
+		{"no verbs, 100%%", nil, true},
+		{"%x", []any{255}, false},
+		{"%s", []any{7}, false},
+		{"%d", []any{"7"}, false},
+		{"%c", []any{uint8('x')}, false},
+		{"%q", []any{"x"}, false},
+		{"%s", []any{named("n")}, false},
+		{"%s", []any{errors.New("e")}, false},
+		{"%s %s", []any{"one"}, false},
+		{"%s", []any{"one", "two"}, false},
+		{"%", nil, false},
+	} {
+		out, ok := appendPlain([]byte("keep"), tc.format, tc.v)
+		if ok != tc.plain {
+			t.Errorf("appendPlain(%q, %#v) took it: %v, want %v", tc.format, tc.v, ok, tc.plain)
+		}
+		if !ok && string(out) != "keep" {
+			t.Errorf("appendPlain(%q, %#v) declined but changed the buffer to %q", tc.format, tc.v, out)
+		}
+	}
+	if _, ok := appendStrings(nil, []any{"a", "b"}); !ok {
+		t.Error("appendStrings did not take strings")
+	}
+	if _, ok := appendStrings(nil, []any{"a", 1}); ok {
+		t.Error("appendStrings took an integer")
+	}
+}
+
 // FuzzAppendLine checks that every line is what fmt makes of it, whichever
 // path it takes.
 func FuzzAppendLine(f *testing.F) {
