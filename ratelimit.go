@@ -127,9 +127,6 @@ type pipeline struct {
 	cache     *simplelru.LRU[eventKey, *entry]
 	cacheSize int
 	windows   map[windowKey]*window
-	// The window of the latest new line: in a storm, the next one's.
-	lastWindowKey windowKey
-	lastWindow    *window
 	// settling holds evicted entries whose latest write got no answer: one
 	// more write tells what the API holds. At most cacheSize of them.
 	settling map[*entry]struct{}
@@ -296,17 +293,13 @@ const combinedPrefix = "(combined from similar events): "
 // Called with p.mu held.
 func (p *pipeline) window(ln line) *window {
 	wk := windowKey{ln.level, ln.plugin}
-	w := p.lastWindow
-	if w == nil || p.lastWindowKey != wk {
-		var ok bool
-		if w, ok = p.windows[wk]; !ok {
-			if len(p.windows) >= maxWindows {
-				clear(p.windows)
-			}
-			w = &window{start: ln.at}
-			p.windows[wk] = w
+	w, ok := p.windows[wk]
+	if !ok {
+		if len(p.windows) >= maxWindows {
+			clear(p.windows)
 		}
-		p.lastWindowKey, p.lastWindow = wk, w
+		w = &window{start: ln.at}
+		p.windows[wk] = w
 	}
 	if ln.at.Sub(w.start) > combineWindow {
 		w.start, w.distinct, w.shapes = ln.at, 0, nil
