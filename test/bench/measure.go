@@ -172,7 +172,7 @@ func (b *bench) stormRun(ctx context.Context, c *coreDNS, i, v int) (stormRun, e
 	} else {
 		profiled <- nil
 	}
-	cpu0, err := c.cpuSeconds(ctx)
+	before, err := c.scrape(ctx)
 	if err != nil {
 		<-profiled
 		return stormRun{}, err
@@ -181,17 +181,18 @@ func (b *bench) stormRun(ctx context.Context, c *coreDNS, i, v int) (stormRun, e
 	if perr := <-profiled; perr != nil && err == nil {
 		err = perr
 	}
-	m, serr := c.scrape(ctx)
+	after, serr := c.scrape(ctx)
 	if err == nil {
 		err = serr
 	}
 	if err != nil {
 		return stormRun{}, err
 	}
+	cpu := after.sum("process_cpu_seconds_total") - before.sum("process_cpu_seconds_total")
 	return stormRun{
-		qps: p.qps, cpu: (m.sum("process_cpu_seconds_total") - cpu0) / float64(max(p.completed, 1)) * 1e6,
+		qps: p.qps, cpu: cpu / float64(max(p.completed, 1)) * 1e6,
 		sent: p.sent, lost: p.lost,
-		queueFull: m.byLabel("coredns_k8s_event_dropped_total", "cause")["queue_full"],
+		queueFull: after.byLabel("coredns_k8s_event_dropped_total", "cause")["queue_full"],
 	}, nil
 }
 

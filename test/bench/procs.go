@@ -171,15 +171,6 @@ func (c *coreDNS) scrape(ctx context.Context) (metrics, error) {
 	return parseProm(body), nil
 }
 
-// cpuSeconds is the CPU time CoreDNS has used, from its process metrics.
-func (c *coreDNS) cpuSeconds(ctx context.Context) (float64, error) {
-	m, err := c.scrape(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return m.sum("process_cpu_seconds_total"), nil
-}
-
 // cpuProfile writes a CPU profile of the next d to path.
 func (c *coreDNS) cpuProfile(ctx context.Context, d time.Duration, path string) error {
 	ctx, cancel := context.WithTimeout(ctx, d+10*time.Second)
