@@ -174,11 +174,17 @@ func (e *nodeEnv) rollout(t *testing.T, name string) {
 	t.Helper()
 	start := time.Now()
 	t.Logf("kubectl apply -k %s\n%s", name, e.kubectl("apply", "-k", filepath.Join(e.dir, name)))
+	e.waitRollout(t)
+	t.Logf("%s rolled out in %v", name, since(start))
+}
+
+// waitRollout waits until the Deployment has rolled out.
+func (e *nodeEnv) waitRollout(t *testing.T) {
+	t.Helper()
 	if out, _, err := e.kube.Kubectl(t.Context(), "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=4m"); err != nil {
 		pods, _, _ := e.kube.Kubectl(t.Context(), "-n", "kube-system", "describe", "pods", "-l", "k8s-app=kube-dns")
 		t.Fatalf("%v\n%s\n%s\n--- kubelet ---\n%s", err, out, pods, e.kube.KubeletLog(30))
 	}
-	t.Logf("%s rolled out in %v", name, since(start))
 }
 
 // pods are the kube-dns pods that run and are not being deleted.
@@ -528,9 +534,7 @@ func (e *nodeEnv) role(t *testing.T) {
 	// write wait minutes for its token, and so its 403.
 	start := time.Now()
 	e.kubectl("-n", "kube-system", "rollout", "restart", "deployment/coredns")
-	if out, _, err := e.kube.Kubectl(t.Context(), "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=4m"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	e.waitRollout(t)
 	// The old pods answer through their lameduck: wait until they are
 	// gone, so that every line below is logged by a new pod.
 	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -542,7 +546,7 @@ func (e *nodeEnv) role(t *testing.T) {
 	}
 	pods := e.pods(t)
 	t.Logf("restarted in %v: %d pods", since(start), len(pods))
-	since := time.Now().UTC().Format(time.RFC3339)
+	sinceTime := time.Now().UTC().Format(time.RFC3339)
 	// forbidden counts the 403s by verb, and by pod (the pod-bound token
 	// names it).
 	forbidden := func() (byVerb, byPod map[string]int) {
@@ -645,7 +649,7 @@ func (e *nodeEnv) role(t *testing.T) {
 			return counted(evs, ".fail.test.") == lines
 		})
 		_, byPod := forbidden() // all of them: none comes after the Role is whole
-		said := strings.Count(e.kubectl("-n", "kube-system", "logs", p.Name, "--since-time="+since), "plugin/k8s_event: writing event:")
+		said := strings.Count(e.kubectl("-n", "kube-system", "logs", p.Name, "--since-time="+sinceTime), "plugin/k8s_event: writing event:")
 		t.Logf("pod %s: %d lines, %d in events (%d objects) %v after the Role is whole, %d writes refused, said %d times why it could not write",
 			p.Name, lines, counted(evs, ".fail.test."), len(cluster.EventsWith(evs, "", ".fail.test.")), time.Since(changed).Round(100*time.Millisecond), byPod[p.Name], said)
 		// A pod whose lines all went out under the verb that was left was
