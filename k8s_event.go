@@ -4,13 +4,16 @@
 //
 // The work is split in three, and only the first runs on the DNS path:
 //
-//	listener (hook.go)        level test, format, non-blocking hand-off
-//	correlator (ratelimit.go) one LRU of events: repeats counted, storms combined
-//	                          by shape (shape.go), a token bucket per reason
-//	writers (writer.go)       one request per token, Create or Patch, retries
+//	listener (hook.go)         level test, format, non-blocking hand-off
+//	correlator (correlator.go) one LRU of events: repeats counted, storms
+//	                           combined by shape (shape.go), eviction
+//	scheduler (scheduler.go)   a token bucket per reason, backoff, the work queue
+//	writers (writer.go)        one request per token, Create or Patch
 //
-// Events are built in event.go; account.go is the one place where lines
-// move between seen, carried by a write, and dropped.
+// pipeline.go holds the state they share, who owns what, and the lifecycle
+// (start, reload, stop and the flush). Events are built in event.go;
+// account.go is the one place where lines move between seen, carried by a
+// write, and dropped.
 //
 // One pipeline serves the whole process, whatever the number of server blocks
 // and across reloads: the broadcaster below attaches caddy instances to it and

@@ -1,0 +1,174 @@
+package k8s_event
+
+import (
+	"context"
+	"time"
+)
+
+const (
+	// Failed writes back off exponentially, with up to 20% jitter, from
+	// retryBase to retryMax; an event is retried for as long as it stays in
+	// the cache.
+	retryBase = time.Second
+	retryMax  = time.Minute
+	// rejectPause is how long an event waits after the API refused it.
+	rejectPause = time.Minute
+)
+
+// reserve claims a token of the bucket of l for a request about to be
+// sent. The token is spent only if the request reaches the API (spend); one
+// that never left this process hands it back. Requests per bucket thus
+// never exceed BURST + QPS x T, retries included, and an unreachable API
+// costs no tokens. Without a token it tells how long until one is free.
+// Called with p.mu held.
+func (p *pipeline) reserve(l level, now time.Time) (time.Duration, bool) {
+	b := p.buckets[l]
+	need := float64(p.reserved[l] + 1)
+	have := b.TokensAt(now)
+	if have >= need {
+		p.reserved[l]++
+		return 0, true
+	}
+	wait := time.Duration((need - have) / float64(b.Limit()) * float64(time.Second))
+	return max(wait, time.Millisecond), false
+}
+
+// spend ends a reservation: the token is taken if the request reached the
+// API, whatever its answer. Called with p.mu held.
+func (p *pipeline) spend(l level, now time.Time, reached bool) {
+	p.reserved[l]--
+	if reached {
+		p.buckets[l].ReserveN(now, 1)
+	}
+}
+
+// backoffFor is the wait after the n-th failure in a row: exponential,
+// capped at retryMax, plus up to 20% jitter, and never shorter than what
+// the API asked for. Called with p.mu held.
+func (p *pipeline) backoffFor(n int, asked time.Duration) time.Duration {
+	d := retryMax
+	if n <= 7 {
+		d = min(retryBase<<(n-1), retryMax)
+	}
+	d += time.Duration(p.rand.Int64N(int64(d)/5 + 1))
+	return max(d, asked)
+}
+
+func (p *pipeline) processNext() bool {
+	e, shutdown := p.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer p.queue.Done(e)
+	if !p.flushing.Load() { // the flush at shutdown writes what is pending
+		p.sync(e)
+	}
+	return true
+}
+
+// sync writes one entry if it is due and its bucket has a token: an entry
+// queued many times is written once, with the latest count.
+func (p *pipeline) sync(e *entry) {
+	p.mu.Lock()
+	e.queued = false
+	now := p.clock.Now()
+	var report error
+	wait := e.retryAt.Sub(now)
+	if wait <= 0 {
+		var res attemptResult
+		res, wait, report = p.attempt(p.ctx, e)
+		if res == attemptRedo {
+			wait = 0
+		}
+	}
+	if e.pending() > 0 && e.dropped == 0 && !e.queued {
+		e.queued = true
+		p.mu.Unlock()
+		p.requeue(e, wait)
+	} else {
+		p.mu.Unlock()
+	}
+	p.say(now, report)
+}
+
+// say logs why a write failed, at most once a minute; nothing for nil.
+func (p *pipeline) say(now time.Time, err error) {
+	if err != nil {
+		p.reporter.report(now, err, p.pod.namespace())
+	}
+}
+
+func (p *pipeline) requeue(e *entry, wait time.Duration) {
+	if wait > 0 {
+		p.queue.AddAfter(e, wait)
+	} else {
+		p.queue.Add(e)
+	}
+}
+
+type attemptResult uint8
+
+const (
+	attemptNone      attemptResult = iota // nothing pending
+	attemptThrottled                      // no token
+	attemptWrote                          // written
+	attemptRedo                           // to be written again at once: created, gone or name taken
+	attemptRefused                        // refused by the API: paused
+	attemptFailed                         // failed: backing off
+)
+
+// attempt makes one write of e if its bucket has a token, and books the
+// outcome. It is called with p.mu held and releases it during the request.
+// It returns how long until e may be tried again, and an error to report.
+func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.Duration, error) {
+	if e.pending() == 0 || e.dropped > 0 {
+		return attemptNone, 0, nil
+	}
+	l := e.key.level
+	now := p.clock.Now()
+	if wait, ok := p.reserve(l, now); !ok {
+		throttled[l].Inc()
+		return attemptThrottled, wait, nil
+	}
+	spec := writeSpec{key: e.key, message: e.message, count: e.seen, first: e.first, last: e.last, name: e.name, tried: e.tried}
+	e.inflight = true
+	p.mu.Unlock()
+
+	res := p.write(ctx, spec, true)
+
+	p.mu.Lock()
+	now = p.clock.Now()
+	p.spend(l, now, res.reached)
+	e.inflight = false
+	defer p.retire(e)
+	switch res.outcome {
+	case writeOK:
+		e.carry(spec.count)
+		e.name, e.tried, e.doubt, e.failures, e.retryAt = res.name, "", 0, 0, time.Time{}
+		eventWrites.WithLabelValues(l.reason(), res.verb).Inc()
+		return attemptWrote, 0, nil
+	case writeGone: // the event expired or was deleted: create it anew
+		e.name, e.doubt = "", 0
+		return attemptRedo, 0, nil
+	case writeExists: // a create that got no answer had been applied: patch it
+		e.name, e.tried = res.name, ""
+		return attemptRedo, 0, nil
+	case writeNameTaken: // another writer's event has this name: take a new one
+		e.tried = ""
+		return attemptRedo, 0, nil
+	case writeRefused:
+		e.retryAt = now.Add(rejectPause)
+		return attemptRefused, rejectPause, res.err
+	default:
+		if res.unsure {
+			e.doubt = spec.count
+			if spec.name == "" {
+				e.tried = res.name // it may have been applied: retry under the same name
+			}
+		}
+		e.failures++
+		d := p.backoffFor(e.failures, res.retryAfter)
+		e.retryAt = now.Add(d)
+		return attemptFailed, d, res.err
+	}
+}
