@@ -43,8 +43,13 @@ type entry struct {
 	// doubt is the count of the latest write that reached the API and got
 	// no answer; zero once a later answer settled it.
 	doubt    int64
-	failures int       // consecutive failed writes, for the backoff
-	retryAt  time.Time // no attempt before this, but at shutdown
+	failures int           // consecutive failed writes, for the backoff
+	retryAt  time.Time     // no attempt before this, but at shutdown
+	asked    time.Duration // the Retry-After of the latest failed write
+
+	// base is the lines carried by earlier objects of this event, each
+	// full at a count of 2^31-1: the count of the current one is seen-base.
+	base int64
 
 	queued   bool // handed to the work queue, due now or later
 	inflight bool
@@ -171,7 +176,9 @@ func (p *pipeline) retire(e *entry) {
 		return
 	}
 	if e.doubt > 0 && e.pending() > 0 {
-		if _, ok := p.settling[e]; ok || len(p.settling) < p.cacheSize {
+		// A reload that shrank the cache left an entry in flight settling
+		// beyond the new size: it goes once its write is back.
+		if _, ok := p.settling[e]; ok && len(p.settling) <= p.cacheSize || !ok && len(p.settling) < p.cacheSize {
 			p.settling[e] = struct{}{}
 			return
 		}

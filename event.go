@@ -58,10 +58,15 @@ type writeSpec struct {
 	tried       string // a create under this name got no answer
 }
 
-// text is the message as written: a combined event says so.
+// text is the message as written: a combined event says so after the
+// plugin's prefix, so that every message starts with "plugin/NAME: ".
 func (s writeSpec) text() string {
 	if s.key.combined() {
-		return eventMessage(combinedPrefix + s.message)
+		rest, ok := strings.CutPrefix(s.message, s.key.plugin)
+		if !ok {
+			return eventMessage(combinedPrefix + s.message)
+		}
+		return eventMessage(s.key.plugin + combinedPrefix + rest)
 	}
 	return s.message
 }
@@ -129,7 +134,7 @@ func countPatch(s writeSpec) []byte {
 	return patch
 }
 
-func clampCount(n int64) int32 { return int32(min(n, math.MaxInt32)) }
+func clampCount(n int64) int32 { return int32(min(max(n, 0), math.MaxInt32)) }
 
 // eventNames hands out names in client-go's form, <object>.<hex time>,
 // strictly increasing within the process and ending in a random tag of the

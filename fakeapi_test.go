@@ -70,7 +70,7 @@ type fault struct {
 	lost       bool          // it reaches the server and the answer is lost: a time-out at once
 	hang       bool          // no answer until the client gives up
 	reset      bool          // the connection is closed without an answer
-	apply      bool          // with hang or reset: the request takes effect all the same
+	apply      bool          // with hang, reset or code: the request takes effect all the same
 	delay      time.Duration // answer after this long
 }
 
@@ -258,6 +258,9 @@ func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	code := 0
 	if f.code != 0 && !f.hang && !f.reset {
+		if f.apply { // committed, then answered with an error, as an etcd time-out is
+			api.handle(httptest.NewRecorder(), r, req, &ev)
+		}
 		code = f.code
 		writeStatus(w, f.code, f.retryAfter, req)
 	} else {

@@ -149,14 +149,31 @@ var global = &broadcaster{clock: clock.RealClock{}}
 // the process is exiting, the pipeline outlives the shutdown hooks and
 // stops in a process-exit hook: what CoreDNS logs through its lameduck is
 // written too.
+//
+// caddy's SIGUSR1 handler purges every event hook before it restarts and
+// restores them only when the restart fails, so the hook is registered
+// again by each instance that attaches.
 func init() {
-	caddy.RegisterEventHook(pluginName, func(ev caddy.EventName, _ any) error {
-		if ev == caddy.ShutdownEvent {
-			global.exiting.Store(true)
-		}
-		return nil
-	})
+	registerExitingHook()
 	caddy.OnProcessExit = append(caddy.OnProcessExit, global.exit)
+}
+
+// registerExitingHook registers the hook that tells the process is exiting,
+// unless it is registered already.
+func registerExitingHook() {
+	defer func() {
+		// caddy has no look-up of hooks, and panics on a second registration
+		// under one name: that one is the hook already in place.
+		_ = recover()
+	}()
+	caddy.RegisterEventHook(pluginName, exitingHook)
+}
+
+func exitingHook(ev caddy.EventName, _ any) error {
+	if ev == caddy.ShutdownEvent {
+		global.exiting.Store(true)
+	}
+	return nil
 }
 
 // shutdown is an instance's shutdown hook: on a reload it detaches the old
@@ -179,6 +196,7 @@ func (b *broadcaster) exit() {
 }
 
 func (b *broadcaster) attach(inst *instance) error {
+	registerExitingHook()
 	return b.change(func() bool {
 		if slices.Contains(b.attached, inst) {
 			return false // a second block's startup

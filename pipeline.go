@@ -77,6 +77,7 @@ type pipeline struct {
 	fatalTimeout time.Duration
 	flushPause   time.Duration
 	flushers     int
+	flushEnd     time.Time // set by stop before the flush starts
 
 	started        atomic.Bool
 	flushing       atomic.Bool
@@ -134,6 +135,9 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 		if len(p.settling) <= p.cacheSize {
 			break
 		}
+		if e.inflight {
+			continue // its write may land with every line: retire decides once it is back
+		}
 		delete(p.settling, e)
 		p.drop(e, dropEvicted)
 	}
@@ -180,6 +184,7 @@ func (p *pipeline) deregister() {
 // exits when it returns). What is still pending then is dropped.
 func (p *pipeline) stop(timeout time.Duration) {
 	p.stopOnce.Do(func() {
+		p.flushEnd = time.Now().Add(timeout)
 		deadline := time.AfterFunc(timeout, p.cancel)
 		defer deadline.Stop()
 		p.deregister()
@@ -261,9 +266,17 @@ func (p *pipeline) flushOne(e *entry) {
 		case attemptRedo:
 			continue
 		case attemptFailed:
+			// A Retry-After is honoured in the flush too; one longer than
+			// the flush has left leaves the lines to be dropped at its end.
+			p.mu.Lock()
+			pause := max(p.flushPause, e.asked)
+			p.mu.Unlock()
+			if time.Now().Add(pause).After(p.flushEnd) {
+				return
+			}
 			select {
 			case <-p.ctx.Done():
-			case <-time.After(p.flushPause):
+			case <-time.After(pause):
 			}
 		default:
 			return

@@ -2,6 +2,8 @@ package k8s_event
 
 import (
 	"context"
+	"errors"
+	"math"
 	"time"
 )
 
@@ -130,7 +132,13 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 		throttled[l].Inc()
 		return attemptThrottled, wait, nil
 	}
-	spec := writeSpec{key: e.key, message: e.message, count: e.seen, first: e.first, last: e.last, name: e.name, tried: e.tried}
+	// An event's count is an int32: lines past it go to a new object.
+	count := e.seen - e.base
+	full := count >= math.MaxInt32
+	if full {
+		count = math.MaxInt32
+	}
+	spec := writeSpec{key: e.key, message: e.message, count: count, first: e.first, last: e.last, name: e.name, tried: e.tried}
 	e.inflight = true
 	p.mu.Unlock()
 
@@ -143,8 +151,12 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 	defer p.retire(e)
 	switch res.outcome {
 	case writeOK:
-		e.carry(spec.count)
-		e.name, e.tried, e.doubt, e.failures, e.retryAt = res.name, "", 0, 0, time.Time{}
+		e.carry(e.base + spec.count)
+		e.name, e.tried, e.doubt, e.failures, e.retryAt, e.asked = res.name, "", 0, 0, time.Time{}, 0
+		if full {
+			e.base += spec.count
+			e.name = ""
+		}
 		eventWrites.WithLabelValues(l.reason(), res.verb).Inc()
 		return attemptWrote, 0, nil
 	case writeGone: // the event expired or was deleted: create it anew
@@ -159,9 +171,21 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 	case writeRefused:
 		e.retryAt = now.Add(rejectPause)
 		return attemptRefused, rejectPause, res.err
+	case writeFailed:
+		if res.lookup {
+			// No request was made: the create waits for the pod lookup,
+			// which keeps its own backoff; this entry failed nothing.
+			e.retryAt = now.Add(res.retryAfter)
+			if errors.Is(res.err, errLookupPending) {
+				return attemptFailed, res.retryAfter, nil
+			}
+			return attemptFailed, res.retryAfter, res.err
+		}
+		fallthrough
 	default:
+		e.asked = res.retryAfter
 		if res.unsure {
-			e.doubt = spec.count
+			e.doubt = e.base + spec.count
 			if spec.name == "" {
 				e.tried = res.name // it may have been applied: retry under the same name
 			}

@@ -143,7 +143,7 @@ const (
 	writeExists                 // create: our earlier create that got no answer was applied
 	writeNameTaken              // create: the name is another's; take a new one
 	writeRefused                // the API refused for good: 400, 403, 404, 422, other 4xx
-	writeFailed                 // may pass: no answer, 401, 408, 409, 429, 5xx
+	writeFailed                 // may pass: no answer, 401, 408, 409, 429, 5xx; or the pod lookup is due later
 )
 
 // writeResult is what a write did.
@@ -151,7 +151,8 @@ type writeResult struct {
 	outcome    writeOutcome
 	name, verb string
 	reached    bool // the request reached the API: it cost a token
-	unsure     bool // it reached the API and got no answer: it may have been applied
+	unsure     bool // it reached the API and got no answer or a 5xx: it may have been applied
+	lookup     bool // no request was made: the create waits for the pod lookup
 	retryAfter time.Duration
 	err        error
 }
@@ -178,7 +179,7 @@ func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeRes
 		var wait time.Duration
 		var err error
 		if ref, wait, err = p.pod.resolve(ctx, p, client); err != nil {
-			return writeResult{outcome: writeFailed, verb: "create", retryAfter: wait, err: err}
+			return writeResult{outcome: writeFailed, verb: "create", retryAfter: wait, err: err, lookup: true}
 		}
 	}
 	name := s.tried
@@ -213,9 +214,13 @@ func result(reached bool, err error) writeResult {
 		return res
 	}
 	switch {
+	case code >= 500:
+		// kube-apiserver answers 500 or 504 when etcd timed out, and etcd
+		// may have committed: as unsure as no answer at all.
+		res.outcome, res.unsure = writeFailed, reached
 	case code == http.StatusUnauthorized, // a rotated token: the next request reads the new one
 		code == http.StatusRequestTimeout, code == http.StatusConflict,
-		code == http.StatusTooManyRequests, code >= 500:
+		code == http.StatusTooManyRequests:
 		res.outcome = writeFailed
 	default:
 		res.outcome = writeRefused
