@@ -65,11 +65,14 @@ build-check: build
 test-unit:
 	$(GO) test -race -count=1 ./...
 
-# test-faults runs the fault model over many more seeds than test-unit does,
-# without the race detector.
+# test-faults runs the fault models over many more seeds than test-unit
+# does: the stepped one without the race detector, the concurrent one (real
+# work queue, writers, correlator, reloads and stop in goroutines) with it.
 FAULT_SEEDS ?= 2000
+CONCURRENT_SEEDS ?= 100
 test-faults:
 	$(GO) test -count=1 -run '^TestFaultModel$$' -faultmodel.seeds=$(FAULT_SEEDS) -v . | grep -E '^(---|ok|FAIL|\s+faultmodel)'
+	$(GO) test -race -count=1 -run '^TestFaultModelConcurrent$$' -faultmodel.concurrent=$(CONCURRENT_SEEDS) -v . | grep -E '^(---|ok|FAIL|\s+faultconc)'
 
 # test-e2e runs the end-to-end tests; with NODE, the node tests run the
 # image that `make image` writes.

@@ -150,10 +150,10 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 			return err
 		}
 	}
-	if m.rng.IntN(2) == 0 {
-		if err := m.recover(); err != nil {
-			return err
-		}
+	// Every run ends its outages with the API back for good, so that the
+	// clause of recovery within one maximal backoff is checked each time.
+	if err := m.recover(); err != nil {
+		return err
 	}
 	return m.stop()
 }
@@ -183,13 +183,18 @@ func (m *model) fault(r apiRequest) fault {
 			f, kind = fault{delay: time.Duration(m.rng.IntN(2000)) * time.Microsecond}, "slow"
 		case 6:
 			f, kind = fault{lost: !m.realTime, hang: m.realTime, apply: m.rng.IntN(2) == 0}, "hang"
-		case 7, 8, 9, 10, 11, 12:
-			codes := []int{401, 403, 422, 429, 500, 503}
+		case 7, 8, 9, 10, 11, 12, 14:
+			codes := []int{401, 403, 422, 429, 500, 503, 0, 504}
 			f.code = codes[k-7]
 			kind = fmt.Sprint(f.code)
 			if f.code == 429 && m.rng.IntN(2) == 0 {
 				f.retryAfter = 1 + m.rng.IntN(5)
 				kind = "429+Retry-After"
+			}
+			if f.code >= 500 && m.rng.IntN(2) == 0 {
+				// etcd committed, kube-apiserver timed out waiting for it
+				f.apply = true
+				kind += "+applied"
 			}
 		case 13:
 			switch r.verb {

@@ -142,7 +142,7 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 		p.drop(e, dropEvicted)
 	}
 	var due []*entry
-	for _, e := range p.cache.Values() {
+	for _, e := range p.pendingEntries() { // the settling ones too
 		if e.pending() > 0 && !e.inflight && !e.retryAt.After(now) {
 			e.queued = true
 			due = append(due, e)

@@ -184,7 +184,7 @@ func TestDistinctLinesAreCombined(t *testing.T) {
 	var combined *corev1.Event
 	for i := range evs {
 		total += evs[i].Count
-		if strings.HasPrefix(evs[i].Message, combinedPrefix) {
+		if strings.HasPrefix(evs[i].Message, "plugin/errors: "+combinedPrefix) {
 			combined = &evs[i]
 		}
 	}

@@ -1,0 +1,185 @@
+package k8s_event
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// The concurrent fault model runs the pipeline as CoreDNS does: the real
+// delaying work queue, both writers and the correlator in goroutines of
+// their own, lines logged from another, reloads and expiries from a third,
+// and a stop at the end, against the in-process API server under faults.
+// Between rounds the clock moves and, once the pipeline is quiet, the
+// contract is checked. A seed replays the same schedule of lines, faults,
+// reloads and clock steps; the interleaving is the scheduler's:
+//
+//	go test -race -run TestFaultModelConcurrent -faultmodel.seed=N -v .
+var concurrentSeeds = flag.Int("faultmodel.concurrent", seedsFromEnv(8), "number of seeds the concurrent fault model runs (default $K8S_EVENT_FAULT_SEEDS or 8)")
+
+func TestFaultModelConcurrent(t *testing.T) {
+	stats := faultStats{injected: map[string]int{}}
+	start := time.Now()
+	first, n := uint64(1), uint64(*concurrentSeeds)
+	if *faultSeed != 0 {
+		first, n = *faultSeed, 1
+	}
+	for seed := first; seed < first+n; seed++ {
+		if err := runConcurrentModel(seed, &stats); err != nil {
+			t.Fatalf("seed %d: %v\nreplay: go test -race -run 'TestFaultModelConcurrent$' -faultmodel.seed=%d -v .", seed, err, seed)
+		}
+	}
+	t.Logf("%d seeds in %v: %d rounds, %d lines, %d reloads, %d expiries; %d requests reached the API, %d refused before; faults: %v",
+		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.reloads, stats.expiries,
+		stats.requests, stats.refused, stats.injected)
+}
+
+func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
+	// m drives the run; faults draws the faults, in the writers' goroutines,
+	// under the fake API's lock, from a generator of its own.
+	m := &model{rng: rand.New(rand.NewPCG(seed, 0xc0c0)), clk: clocktesting.NewFakeClock(epoch), stats: stats}
+	faults := &model{rng: rand.New(rand.NewPCG(seed, 0xfa17)), stats: stats}
+	if m.api, err = startFakeAPI(m.clk); err != nil {
+		return err
+	}
+	defer m.api.close()
+	m.api.setFault(faults.fault)
+	setMode := func(mode apiMode) {
+		m.api.mu.Lock()
+		faults.mode = mode
+		m.api.mu.Unlock()
+	}
+
+	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
+	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
+	m.before = readLedger()
+	m.p = newPipeline(cfg, m.api.client, testPod(), m.clk)
+	m.p.writeTimeout = 250 * time.Millisecond
+	m.p.flushPause = time.Millisecond
+	m.p.rand = rand.New(rand.NewPCG(seed, 1))
+	defer m.p.cancel()
+	m.p.start()
+	stats.seeds++
+
+	rounds := 6 + m.rng.IntN(10)
+	for range rounds {
+		stats.steps++
+		if m.rng.IntN(3) == 0 {
+			modes := []apiMode{apiHealthy, apiRefusing, apiSilent, apiFlaky, apiFlaky}
+			setMode(modes[m.rng.IntN(len(modes))])
+		}
+		// The lines of the round are drawn here and logged by another
+		// goroutine, while a reload or an expiry runs in a third.
+		var lines []line
+		for range m.rng.IntN(16) {
+			lines = append(lines, ln(modelLevels[m.rng.IntN(len(modelLevels))], fmt.Sprint("p", m.rng.IntN(3)),
+				fmt.Sprintf("upstream %d unhealthy: %d", m.rng.IntN(3), m.rng.IntN(20)), time.Time{}))
+		}
+		var reload *config
+		expire := false
+		switch r := m.rng.IntN(8); {
+		case r == 0:
+			c := faultConfigs[m.rng.IntN(len(faultConfigs))]
+			reload = &c
+			m.maxBurst, m.maxQPS = max(m.maxBurst, c.burst), max(m.maxQPS, c.qps)
+		case r == 1:
+			expire = true
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for _, l := range lines {
+				m.p.capture(l.level, l.plugin, "%s", true, []any{l.text[len(l.plugin):]})
+			}
+		})
+		wg.Go(func() {
+			switch {
+			case reload != nil:
+				m.p.apply(*reload, m.api.client)
+				stats.reloads++
+			case expire:
+				m.expired += m.api.expire()
+				stats.expiries++
+			}
+		})
+		wg.Wait()
+		m.fed += float64(len(lines))
+		stats.lines += len(lines)
+		m.clk.Step(time.Duration(1+m.rng.IntN(90)) * time.Second)
+		if err := m.quietCheck(); err != nil {
+			return err
+		}
+	}
+
+	// The API comes back for good: within one maximal backoff and its
+	// jitter, every pending event whose bucket has a token is written.
+	setMode(apiHealthy)
+	back := m.clk.Now()
+	for m.clk.Since(back) <= retryMax+retryMax/5+2*time.Second {
+		m.clk.Step(time.Second)
+		if err := m.quietCheck(); err != nil {
+			return err
+		}
+	}
+	m.p.mu.Lock()
+	for _, e := range m.p.pendingEntries() {
+		l := e.key.level
+		if tokens := m.p.buckets[l].TokensAt(m.clk.Now()); tokens >= 1 && !e.inflight {
+			_, settling := m.p.settling[e]
+			ent := fmt.Sprintf("%+v; retry in %v, settling %v, queue %d, cached %v", *e, e.retryAt.Sub(m.clk.Now()), settling, m.p.queue.Len(), m.p.cache.Contains(e.key))
+			m.p.mu.Unlock()
+			return fmt.Errorf("%v after the API came back, %q is pending with %d lines and %.2f %s tokens: %s",
+				m.clk.Since(back), e.key.message, e.pending(), tokens, l.reason(), ent)
+		}
+	}
+	m.p.mu.Unlock()
+
+	m.p.stop(time.Second)
+	if err := m.quietCheck(); err != nil {
+		return fmt.Errorf("after stop: %w", err)
+	}
+	if d := readLedger().since(m.before); d.pending != 0 {
+		return fmt.Errorf("%v lines still pending after stop", d.pending)
+	}
+	m.api.mu.Lock()
+	stats.requests += len(m.api.requests)
+	stats.refused += m.api.refused
+	m.api.mu.Unlock()
+	return nil
+}
+
+// quietCheck waits until the pipeline is quiet (no line queued for the
+// correlator, no entry ready in the work queue, no write in flight, for a
+// few polls in a row) and checks the contract then. A check that fails at
+// a moment that only looked quiet is tried again until the wait is over.
+func (m *model) quietCheck() error {
+	deadline := time.Now().Add(10 * time.Second)
+	calm := 0
+	for {
+		quiet := len(m.p.lines) == 0 && m.p.queue.Len() == 0
+		m.p.mu.Lock()
+		for _, r := range m.p.reserved {
+			quiet = quiet && r == 0
+		}
+		m.p.mu.Unlock()
+		if quiet {
+			calm++
+		} else {
+			calm = 0
+		}
+		if calm >= 3 {
+			err := m.check()
+			if err == nil || time.Now().After(deadline) {
+				return err
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not quiet within 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
