@@ -206,13 +206,17 @@ func TestUIDLookedUpWhenMissing(t *testing.T) {
 }
 
 // TestUIDLookupRetried: a pod read that fails for a cause that may pass
-// (503) is tried again, and the event then carries the UID; one the API
-// refuses (403) is given up, and events go without it.
+// (503, 429) is tried again, and the event then carries the UID; one the
+// API answers for good (403, 400, 410, 422) is given up, and events go
+// without it.
 func TestUIDLookupRetried(t *testing.T) {
 	for _, tt := range []struct {
 		code    int
 		wantUID types.UID
-	}{{http.StatusServiceUnavailable, corev1Pod.UID}, {http.StatusForbidden, ""}} {
+	}{
+		{http.StatusServiceUnavailable, corev1Pod.UID}, {http.StatusTooManyRequests, corev1Pod.UID},
+		{http.StatusForbidden, ""}, {http.StatusBadRequest, ""}, {http.StatusGone, ""}, {http.StatusUnprocessableEntity, ""},
+	} {
 		clk := clocktesting.NewFakeClock(epoch)
 		api := newFakeAPI(t, clk)
 		api.addPod(&corev1Pod)

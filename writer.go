@@ -80,9 +80,10 @@ var errLookupPending = errors.New("the pod's UID is not known yet")
 
 // resolve returns the reference with the pod's UID, reading the pod once
 // if needed. A lookup that fails for a cause that may pass (no answer,
-// 5xx, 429, 401) is tried again with a backoff, and the create waits; one
-// that the API answers for good (403: not allowed, 404: no such pod) is
-// given up, said once, and events go without the UID.
+// 5xx, 401, 408, 409, 429) is tried again with a backoff, and the create
+// waits; one that the API answers for good (403: not allowed, 404: no such
+// pod, any other 4xx such as 400, 410, 422) is given up, said once, and
+// events go without the UID.
 func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernetes.Interface) (corev1.ObjectReference, time.Duration, error) {
 	if !id.lookup.Load() {
 		return id.current(), 0, nil
@@ -106,7 +107,7 @@ func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernet
 		return ref, 0, nil
 	}
 	countError(err)
-	if apierrors.IsForbidden(err) || apierrors.IsNotFound(err) {
+	if final(err) {
 		id.lookup.Store(false)
 		clog.Warningf("plugin/%s: %s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", pluginName, envPodUID, err)
 		return ref, 0, nil
@@ -226,6 +227,17 @@ func result(reached bool, err error) writeResult {
 		res.outcome = writeRefused
 	}
 	return res
+}
+
+// final tells an answer that a retry cannot change: a 4xx other than 401
+// (a rotated token), 408, 409 and 429.
+func final(err error) bool {
+	switch code := statusCode(err); code {
+	case http.StatusUnauthorized, http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
+		return false
+	default:
+		return code >= 400 && code < 500
+	}
 }
 
 // statusCode is the HTTP status of a failed request, 0 when no answer came.
