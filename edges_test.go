@@ -266,3 +266,18 @@ func TestCombinedMessageStartsWithPlugin(t *testing.T) {
 		t.Errorf("%d combined events, want 1", combined)
 	}
 }
+
+// TestClockSteppedBack: a wall clock stepped back gives later lines earlier
+// times; lastTimestamp never moves back, nor before firstTimestamp.
+func TestClockSteppedBack(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	at := clk.Now()
+	p.observe(ln(levelError, "errors", "stepped", at))
+	drain(p)
+	p.observe(ln(levelError, "errors", "stepped", at.Add(-time.Hour)))
+	drain(p)
+	ev := only(t, events(t, api))
+	if ev.Count != 2 || ev.LastTimestamp.Time.Before(ev.FirstTimestamp.Time) || !ev.LastTimestamp.Time.Equal(at) {
+		t.Errorf("count %d, first %v, last %v; want 2 and both at %v", ev.Count, ev.FirstTimestamp, ev.LastTimestamp, at)
+	}
+}
