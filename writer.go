@@ -171,6 +171,7 @@ func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeRes
 		if res.outcome == writeRefused && apierrors.IsNotFound(res.err) {
 			res.outcome = writeGone
 		}
+		countAnswer(res)
 		return res
 	}
 	ref := p.pod.current()
@@ -196,6 +197,7 @@ func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeRes
 			res.outcome = writeExists
 		}
 	}
+	countAnswer(res)
 	return res
 }
 
@@ -205,7 +207,6 @@ func result(reached bool, err error) writeResult {
 	if err == nil {
 		return res
 	}
-	countError(err)
 	res.retryAfter = retryAfter(err)
 	code := statusCode(err)
 	if code == 0 {
