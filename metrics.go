@@ -78,6 +78,13 @@ var (
 		Help:      "Counter of error answers of the Kubernetes API that are part of the normal course, by HTTP status code and outcome (gone: a patch found the event expired, and it is created anew; name_taken: a create found its name in use, and takes another; exists: a retried create found the event its unanswered first try made).",
 	}, []string{"code", "outcome"})
 
+	endedTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "ended_total",
+		Help:      "Counter of storms that went quiet and whose end the plugin said, by the reason of the end event (CoreDNSErrorEnded, CoreDNSWarningEnded).",
+	}, []string{"reason"})
+
 	pendingLines = promauto.NewGauge(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
@@ -92,6 +99,7 @@ var (
 	aggregated   [numLevels]prometheus.Counter
 	throttled    [numLevels]prometheus.Counter
 	droppedTotal [numDropReasons]prometheus.Counter
+	ended        [numLevels]prometheus.Counter // warning and error only; not counted yet
 )
 
 func init() {
@@ -99,6 +107,9 @@ func init() {
 		linesTotal[l] = linesVec.WithLabelValues(l.String())
 		aggregated[l] = aggregatedTotal.WithLabelValues(l.String())
 		throttled[l] = throttledTotal.WithLabelValues(l.reason())
+	}
+	for _, l := range []level{levelWarning, levelError} {
+		ended[l] = endedTotal.WithLabelValues(endReason(l))
 	}
 	for r := dropReason(0); r < numDropReasons; r++ {
 		droppedTotal[r] = droppedVec.WithLabelValues(r.String())
