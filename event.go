@@ -163,3 +163,50 @@ func (n *eventNames) next(object string, now time.Time) string {
 	}
 	return object + suffix
 }
+
+// stormLines is the count from which an event of its own is a storm.
+const stormLines = 10
+
+// isStorm tells whether an event is a storm whose end is said: a combined
+// event, or one of stormLines lines or more, at warning or error.
+func isStorm(key eventKey, count int64) bool {
+	if key.level != levelWarning && key.level != levelError {
+		return false
+	}
+	return key.combined() || count >= stormLines
+}
+
+// endReason is the reason of the event that says a storm of level l ended.
+func endReason(l level) string { return l.reason() + "Ended" }
+
+// endMessage says that a storm ended: its plugin, its total count, its
+// latest line and its first and last time (UTC; with the date when the
+// two are not on the same day), e.g.
+//
+//	plugin/errors: 195 lines like "2 b.example.net. A: ...: i/o timeout" from 10:02:13 to 10:07:40, none since
+//
+// prefix is the plugin's "plugin/NAME: " and latest the storm's latest
+// message, with or without that prefix. The quoted line is cut, with a
+// visible marker, so that the whole fits maxMessageBytes.
+func endMessage(prefix, latest string, count int64, first, last time.Time) string {
+	first, last = first.UTC(), last.UTC()
+	layout := time.TimeOnly
+	if first.YearDay() != last.YearDay() || first.Year() != last.Year() {
+		layout = time.DateTime
+	}
+	noun := "lines"
+	if count == 1 {
+		noun = "line"
+	}
+	head := fmt.Sprintf("%s%d %s like \"", prefix, count, noun)
+	tail := fmt.Sprintf("\" from %s to %s, none since", first.Format(layout), last.Format(layout))
+	line := eventMessage(strings.TrimPrefix(latest, prefix))
+	if room := maxMessageBytes - len(head) - len(tail); len(line) > room {
+		cut := max(room-len(truncMarker), 0)
+		for cut > 0 && !utf8.RuneStart(line[cut]) {
+			cut--
+		}
+		line = line[:cut] + truncMarker
+	}
+	return head + line + tail
+}

@@ -1,6 +1,8 @@
 package k8s_event
 
 import (
+	"strconv"
+
 	"github.com/coredns/coredns/plugin"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,8 +68,22 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
 		Name:      "api_errors_total",
-		Help:      "Counter of failed requests to the Kubernetes API, by HTTP status code (0 when no response arrived).",
+		Help:      "Counter of failed requests to the Kubernetes API, by HTTP status code (0 when no response arrived); the expected answers of api_expected_total are not among them.",
 	}, []string{"code"})
+
+	apiExpected = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "api_expected_total",
+		Help:      "Counter of error answers of the Kubernetes API that are part of the normal course, by HTTP status code and outcome (gone: a patch found the event expired, and it is created anew; name_taken: a create found its name in use, and takes another; exists: a retried create found the event its unanswered first try made).",
+	}, []string{"code", "outcome"})
+
+	endedTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "ended_total",
+		Help:      "Counter of storms that went quiet and whose end the plugin said, by the reason of the end event (CoreDNSErrorEnded, CoreDNSWarningEnded).",
+	}, []string{"reason"})
 
 	pendingLines = promauto.NewGauge(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
@@ -83,6 +99,7 @@ var (
 	aggregated   [numLevels]prometheus.Counter
 	throttled    [numLevels]prometheus.Counter
 	droppedTotal [numDropReasons]prometheus.Counter
+	ended        [numLevels]prometheus.Counter // warning and error only; not counted yet
 )
 
 func init() {
@@ -91,7 +108,32 @@ func init() {
 		aggregated[l] = aggregatedTotal.WithLabelValues(l.String())
 		throttled[l] = throttledTotal.WithLabelValues(l.reason())
 	}
+	for _, l := range []level{levelWarning, levelError} {
+		ended[l] = endedTotal.WithLabelValues(endReason(l))
+	}
 	for r := dropReason(0); r < numDropReasons; r++ {
 		droppedTotal[r] = droppedVec.WithLabelValues(r.String())
 	}
+}
+
+// expectedOutcomes names the outcomes of a write whose error answer is part
+// of the normal course: the "outcome" label of api_expected_total.
+var expectedOutcomes = map[writeOutcome]string{
+	writeGone:      "gone",
+	writeNameTaken: "name_taken",
+	writeExists:    "exists",
+}
+
+// countAnswer counts the error answer of a write, if it had one: as
+// expected when it led to one of the outcomes above, as a failure else.
+func countAnswer(res writeResult) {
+	if res.err == nil {
+		return
+	}
+	code := strconv.Itoa(statusCode(res.err))
+	if outcome, ok := expectedOutcomes[res.outcome]; ok {
+		apiExpected.WithLabelValues(code, outcome).Inc()
+		return
+	}
+	apiErrors.WithLabelValues(code).Inc()
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
@@ -26,6 +27,14 @@ const (
 	maxCacheSize = 1 << 20
 )
 
+// Default and accepted range of the quiet option: how long a storm has
+// had no new line when its end is said.
+const (
+	defaultQuiet = 5 * time.Minute
+	minQuiet     = time.Second
+	maxQuiet     = 24 * time.Hour
+)
+
 var defaultLevels = levelSet(1<<levelError | 1<<levelWarning)
 
 // config is what one server block asks for.
@@ -34,7 +43,9 @@ type config struct {
 	qps       float64
 	burst     int
 	cacheSize int
-	rateSet   bool // rate was given explicitly
+	rateSet   bool          // rate was given explicitly
+	quiet     time.Duration // 0: storms' ends are not said
+	quietSet  bool          // quiet was given explicitly
 }
 
 func setup(c *caddy.Controller) error {
@@ -58,7 +69,7 @@ func setup(c *caddy.Controller) error {
 
 // parse reads one server block's k8s_event stanza. It has no side effects.
 func parse(c *caddy.Controller) (config, error) {
-	cfg := config{levels: defaultLevels, qps: defaultQPS, burst: defaultBurst, cacheSize: defaultCacheSize}
+	cfg := config{levels: defaultLevels, qps: defaultQPS, burst: defaultBurst, cacheSize: defaultCacheSize, quiet: defaultQuiet}
 	seen := false
 	for c.Next() {
 		if seen {
@@ -89,6 +100,15 @@ func parse(c *caddy.Controller) (config, error) {
 					return cfg, err
 				}
 				cfg.rateSet = true
+			case "quiet":
+				if cfg.quietSet {
+					return cfg, c.Err("quiet given twice")
+				}
+				quiet, err := parseQuiet(c, c.RemainingArgs())
+				if err != nil {
+					return cfg, err
+				}
+				cfg.quiet, cfg.quietSet = quiet, true
 			default:
 				return cfg, c.Errf("unknown property %q", c.Val())
 			}
@@ -144,6 +164,25 @@ func parseRate(c *caddy.Controller, args []string, cfg *config) error {
 		}
 	}
 	return nil
+}
+
+// parseQuiet reads `quiet DURATION|off`: a Go duration in [1s, 24h], or
+// off (returned as 0).
+func parseQuiet(c *caddy.Controller, args []string) (time.Duration, error) {
+	if len(args) != 1 {
+		return 0, c.Errf("quiet takes one value, a DURATION or off: %q", strings.Join(args, " "))
+	}
+	if strings.EqualFold(args[0], "off") {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(args[0])
+	if err != nil {
+		return 0, c.Errf("quiet must be a duration such as 5m, or off: %q", args[0])
+	}
+	if d < minQuiet || d > maxQuiet {
+		return 0, c.Errf("quiet must be in range [%v, %v], or off: %s", minQuiet, maxQuiet, args[0])
+	}
+	return d, nil
 }
 
 func parseInt(c *caddy.Controller, name, arg string, max int) (int, error) {

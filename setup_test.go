@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coredns/caddy"
 	"github.com/coredns/caddy/caddyfile"
@@ -22,12 +23,13 @@ func levelsOf(ls ...level) levelSet {
 
 // parsed is the config parse returns for the given settings.
 func parsed(levels levelSet, qps float64, burst, cache int, rateSet bool) config {
-	return config{levels: levels, qps: qps, burst: burst, cacheSize: cache, rateSet: rateSet}
+	return config{levels: levels, qps: qps, burst: burst, cacheSize: cache, rateSet: rateSet, quiet: defaultQuiet}
 }
 
 func TestParse(t *testing.T) {
 	defaults := parsed(levelsOf(levelError, levelWarning), 1.0/300, 25, 4096, false)
 	withLevels := func(ls ...level) config { c := defaults; c.levels = levelsOf(ls...); return c }
+	withQuiet := func(d time.Duration) config { c := defaults; c.quiet, c.quietSet = d, true; return c }
 
 	tests := []struct {
 		input              string
@@ -56,6 +58,27 @@ func TestParse(t *testing.T) {
 		{"k8s_event {\n\tlevel info error warning\n\trate 0.15 10 1024\n}", false, nil,
 			parsed(levelsOf(levelInfo, levelError, levelWarning), 0.15, 10, 1024, true)},
 		{"k8s_event {\nrate 0.15 10 1024\nlevel info\n}", false, nil, parsed(levelsOf(levelInfo), 0.15, 10, 1024, true)},
+		{"k8s_event {\nquiet 30s\n}", false, nil, withQuiet(30 * time.Second)},
+		{"k8s_event {\nquiet 5m\n}", false, nil, withQuiet(5 * time.Minute)},
+		{"k8s_event {\nquiet 1s\n}", false, nil, withQuiet(time.Second)},
+		{"k8s_event {\nquiet 24h\n}", false, nil, withQuiet(24 * time.Hour)},
+		{"k8s_event {\nquiet 1h30m\n}", false, nil, withQuiet(90 * time.Minute)},
+		{"k8s_event {\nquiet off\n}", false, nil, withQuiet(0)},
+		{"k8s_event {\nquiet OFF\n}", false, nil, withQuiet(0)},
+		{"k8s_event {\nlevel error\nquiet 2s\nrate 1\n}", false, nil,
+			config{levels: levelsOf(levelError), qps: 1, burst: 25, cacheSize: 4096, rateSet: true, quiet: 2 * time.Second, quietSet: true}},
+
+		// negative: quiet
+		{"k8s_event {\nquiet\n}", true, []string{"quiet takes one value", `""`}, config{}},
+		{"k8s_event {\nquiet 5m off\n}", true, []string{"quiet takes one value", `"5m off"`}, config{}},
+		{"k8s_event {\nquiet 5\n}", true, []string{"quiet must be a duration", `"5"`}, config{}},
+		{"k8s_event {\nquiet soon\n}", true, []string{"quiet must be a duration", `"soon"`}, config{}},
+		{"k8s_event {\nquiet on\n}", true, []string{"quiet must be a duration", `"on"`}, config{}},
+		{"k8s_event {\nquiet 0s\n}", true, []string{"quiet must be in range [1s, 24h0m0s]", ": 0s"}, config{}},
+		{"k8s_event {\nquiet -5m\n}", true, []string{"quiet must be in range", ": -5m"}, config{}},
+		{"k8s_event {\nquiet 500ms\n}", true, []string{"quiet must be in range", ": 500ms"}, config{}},
+		{"k8s_event {\nquiet 25h\n}", true, []string{"quiet must be in range", ": 25h"}, config{}},
+		{"k8s_event {\nquiet 5m\nquiet 5m\n}", true, []string{"quiet", "twice"}, config{}},
 
 		// negative: level
 		{"k8s_event {\nlevel verbose\n}", true, []string{"level", `"verbose"`}, config{}},

@@ -173,6 +173,7 @@ func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeRes
 		if res.outcome == writeRefused && apierrors.IsNotFound(res.err) {
 			res.outcome = writeGone
 		}
+		countAnswer(res)
 		return res
 	}
 	ref := p.pod.current()
@@ -198,6 +199,7 @@ func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeRes
 			res.outcome = writeExists
 		}
 	}
+	countAnswer(res)
 	return res
 }
 
@@ -207,7 +209,6 @@ func result(reached bool, err error) writeResult {
 	if err == nil {
 		return res
 	}
-	countError(err)
 	res.retryAfter = retryAfter(err)
 	code := statusCode(err)
 	if code == 0 {

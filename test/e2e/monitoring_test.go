@@ -3,12 +3,15 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +19,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dnsops/k8s_event/internal/cluster"
@@ -26,7 +31,10 @@ import (
 // with Prometheus's own tools: promtool checks the rules and runs their unit
 // tests (testdata/prometheusrule-tests.yaml), then a real Prometheus loads the
 // rules and scrapes a real CoreDNS whose writes fail, and its alerts must be
-// the ones the rules promise, on the series the plugin really exports.
+// the ones the rules promise, on the series the plugin really exports. The
+// same Prometheus scrapes a second CoreDNS that runs a storm, and every
+// query of the dashboard deploy/monitoring/grafana-dashboard.json must
+// return data from the two.
 func TestAlertingRules(t *testing.T) {
 	prom, promtool := os.Getenv("PROMETHEUS"), os.Getenv("PROMTOOL")
 	if prom == "" || promtool == "" {
@@ -52,9 +60,12 @@ func TestAlertingRules(t *testing.T) {
 	// A pod whose namespace does not exist: every write gets 404 and its
 	// lines stay pending; a cache of 2 events evicts, and drops, the lines
 	// of older ones.
-	pod := testPod(t).DeepCopy()
+	stormPod := testPod(t)
+	pod := stormPod.DeepCopy()
 	pod.Namespace = "no-such-namespace-" + strconv.FormatInt(time.Now().UnixNano()%1e6, 36)
 	c := startCoreDNS(t, pod, strings.Replace(faultsCorefile, "rate 100 200", "rate 100 200 2", 1))
+	// The storm's CoreDNS has small buckets, so that writes wait for tokens.
+	storm := startCoreDNS(t, stormPod, strings.Replace(faultsCorefile, "rate 100 200", "rate 2 5", 1))
 
 	port, err := cluster.FreePort()
 	if err != nil {
@@ -68,7 +79,9 @@ scrape_configs:
   static_configs:
   - targets: [%q]
     labels: {namespace: %q, pod: %q}
-`, rules, c.Metrics, pod.Namespace, pod.Name)
+  - targets: [%q]
+    labels: {namespace: %q, pod: %q}
+`, rules, c.Metrics, pod.Namespace, pod.Name, storm.Metrics, stormPod.Namespace, stormPod.Name)
 	configPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
@@ -89,10 +102,11 @@ scrape_configs:
 	}
 	time.Sleep(3 * time.Second)
 	c.logLine("error", 1, "alerting line 6")
+	// CoreDNSEventsNotDraining waits for 15 minutes of pending lines
+	// before it is even pending: the first scrape saw none.
 	want := map[string]string{
 		"CoreDNSEventLinesDropped/cause=evicted": "firing",
 		"CoreDNSEventWritesFailing/code=404":     "pending", // for 15m
-		"CoreDNSEventsNotDraining/":              "pending", // for 30m
 	}
 	var got map[string]string
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
@@ -106,6 +120,129 @@ scrape_configs:
 	}
 	t.Logf("alerts: %v; plugin: %s=%v, %s=%v, dropped=%v", got, errors404, c.metric(errors404),
 		pendingLines, c.metric(pendingLines), dropped(c.metrics()))
+
+	// The storm: lines of one shape, combined, throttled by a bucket of 5;
+	// its events are deleted, as the event TTL would, so that a patch
+	// finds its event gone (an expected 404) and creates it anew.
+	stormLines := func(from, to int) {
+		for i := from; i < to; i++ {
+			storm.logLine("error", 1, fmt.Sprintf("2 q%d.example.org. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", i, 40000+i))
+		}
+	}
+	// Its lines are distinct: only the combined event is patched, and it
+	// comes after the first few lines; the events are deleted until a
+	// patch has found one gone.
+	stormLines(0, 100)
+	waitEventsFor(t, stormPod, time.Minute, "the storm's events", func(evs []corev1.Event) bool { return len(evs) > 0 })
+	const gone = `coredns_k8s_event_api_expected_total{code="404",outcome="gone"}`
+	for i := 100; storm.metric(gone) == 0; i += 10 {
+		if i > 1000 {
+			t.Fatalf("%s=0 after the storm's events were deleted\nplugin metrics:\n%s", gone, storm.metrics())
+		}
+		evs, err := events(t.Context(), stormPod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			err := kube.Clientset.CoreV1().Events(e.Namespace).Delete(t.Context(), e.Name, metav1.DeleteOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				t.Fatal(err)
+			}
+		}
+		stormLines(i, i+10)
+		time.Sleep(time.Second)
+	}
+	if n := storm.metric(errors404); n != 0 {
+		t.Errorf("%s=%v: a patch of a deleted event counted as a failure", errors404, n)
+	}
+	checkDashboard(t, web, storm)
+}
+
+// checkDashboard runs the query of every panel of the Grafana dashboard,
+// and of its variables, against Prometheus: each must return data, the
+// ended storms' only once CoreDNS has written end events.
+func checkDashboard(t *testing.T, web string, storm *coreDNS) {
+	t.Helper()
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Definition string `json:"definition"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	path := filepath.Join(repoRoot, "deploy/monitoring/grafana-dashboard.json")
+	if err := json.Unmarshal([]byte(mustRead(path)), &dash); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	// Grafana's variables, as with "All" chosen and a short range.
+	grafana := strings.NewReplacer("$namespace", ".+", "$pod", ".+", "$__rate_interval", "1m")
+	query := func(expr string) (int, error) {
+		body, err := cluster.HTTPGet(t.Context(), "http://"+web+"/api/v1/query?query="+url.QueryEscape(expr))
+		if err != nil {
+			return 0, err
+		}
+		var resp struct {
+			Status string
+			Error  string
+			Data   struct{ Result []json.RawMessage }
+		}
+		if err := json.Unmarshal([]byte(body), &resp); err != nil {
+			return 0, fmt.Errorf("%v: %s", err, body)
+		}
+		if resp.Status != "success" {
+			return 0, fmt.Errorf("%s: %s", resp.Status, resp.Error)
+		}
+		return len(resp.Data.Result), nil
+	}
+	type check struct{ what, expr string }
+	var checks []check
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			checks = append(checks, check{"panel " + strconv.Quote(p.Title), grafana.Replace(tg.Expr)})
+		}
+	}
+	// label_values(METRIC, LABEL) is the values of LABEL among METRIC's series.
+	labelValues := regexp.MustCompile(`^label_values\((.+), *([a-z_]+)\)$`)
+	for _, v := range dash.Templating.List {
+		if m := labelValues.FindStringSubmatch(v.Definition); m != nil {
+			checks = append(checks, check{"variable " + v.Name, "count by (" + m[2] + ") (" + grafana.Replace(m[1]) + ")"})
+		}
+	}
+	if len(checks) < 9 {
+		t.Fatalf("%d queries in %s, want at least the 9 panels", len(checks), path)
+	}
+	// End events are written by a storm that ended; this storm has not.
+	ended := func(expr string) bool { return strings.Contains(expr, "Ended") }
+	var missing []string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+		missing = missing[:0]
+		for _, c := range checks {
+			n, err := query(c.expr)
+			if err != nil {
+				t.Fatalf("%s: %s: %v", c.what, c.expr, err)
+			}
+			if n == 0 && !ended(c.expr) {
+				missing = append(missing, c.what+": "+c.expr)
+			}
+		}
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a minute, no data for:\n%s\nstorm's metrics:\n%s", strings.Join(missing, "\n"), storm.metrics())
+		}
+	}
+	t.Logf("the dashboard's %d queries return data", len(checks))
 }
 
 // startTool starts a program the test talks to, logging to dir/NAME.log;
@@ -207,12 +344,33 @@ func TestEventRouting(t *testing.T) {
 		t.Errorf("README.md does not show %s as it is:\n%s", recipe, body.String())
 	}
 
-	// The recipe watches kube-system, where the cluster's DNS runs.
+	// The recipe watches kube-system, where the cluster's DNS runs. Info
+	// lines are events too here, to show that neither route takes them
+	// (debug lines go as info ones: CoreDNS logs them only with its debug
+	// plugin).
 	pod, err := kube.CreatePod(t.Context(), "kube-system", "coredns-"+strconv.FormatInt(time.Now().UnixNano()%1e6, 36))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startCoreDNS(t, pod, faultsCorefile)
+	c := startCoreDNS(t, pod, strings.Replace(faultsCorefile, "rate 100 200", "level debug info warning error\n        rate 100 200", 1))
+
+	// The collector runs as the ServiceAccount that deploy/monitoring
+	// ships, with the Role that it ships: applied to the API server, the
+	// Deployment and its ConfigMap too.
+	kustomization := filepath.Join(repoRoot, "deploy/monitoring")
+	t.Logf("kubectl apply -k deploy/monitoring:\n%s", kubectl(t, "apply", "-k", kustomization))
+	t.Cleanup(func() {
+		if _, stderr, err := kube.Kubectl(context.Background(), "delete", "-k", kustomization); err != nil {
+			t.Logf("kubectl delete -k deploy/monitoring: %v: %s", err, stderr)
+		}
+	})
+	if got := kubectl(t, "get", "deployment", "-n", "kube-system", "otelcol-events", "-o", "jsonpath={.spec.replicas}/{.spec.strategy.type}"); got != "1/Recreate" {
+		t.Errorf("the collector's Deployment: replicas/strategy %s, want 1/Recreate", got)
+	}
+	saKubeconfig, err := kube.ServiceAccountKubeconfig(t.Context(), "kube-system", "otelcol-events")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	dir := t.TempDir()
 	upstream, errs := filepath.Join(dir, "dns-upstream.json"), filepath.Join(dir, "dns-errors.json")
@@ -232,7 +390,7 @@ service:
 	if err := os.WriteFile(overridePath, []byte(override), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	startTool(t, "otelcol", dir, []string{"KUBECONFIG=" + kube.KubeconfigPath}, otelcol,
+	startTool(t, "otelcol", dir, []string{"KUBECONFIG=" + saKubeconfig}, otelcol,
 		"--config=file:"+recipe, "--config=file:"+overridePath)
 	post := func(plugin, level, body string) {
 		t.Helper()
@@ -258,17 +416,17 @@ service:
 	post("kubernetes", "error", "failed to list *v1.Namespace: i/o timeout")
 	post("reload", "warning", "Corefile changed but reload failed")
 	post("health", "info", "going into lameduck mode for 5s")
+	post("forward", "info", "upstream 10.0.0.2:53 is healthy again")
 
 	// Every line is in the API first, so that a notice routed where it
 	// should not be has had time to arrive.
-	// (the info line is not one: info is not among the default levels)
-	waitEventsFor(t, pod, 30*time.Second, "5 events, one of count 2, besides the probes", func(evs []corev1.Event) bool {
+	waitEventsFor(t, pod, 30*time.Second, "7 events, one of count 2, besides the probes", func(evs []corev1.Event) bool {
 		var n int32
 		evs = slices.DeleteFunc(evs, func(e corev1.Event) bool { return strings.HasSuffix(e.Message, routingProbe) })
 		for _, e := range evs {
 			n += e.Count
 		}
-		return len(evs) == 5 && n == 6
+		return len(evs) == 7 && n == 8
 	})
 	time.Sleep(time.Second)
 	want := map[string]map[string]string{
@@ -282,19 +440,52 @@ service:
 			"kubernetes/error/ADDED/1": "plugin/kubernetes: failed to list *v1.Namespace: i/o timeout",
 		},
 	}
-	got := map[string]map[string]string{}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
-		for path := range want {
-			got[path] = exported(t, path, pod.Name)
+	routed := func(what string) {
+		t.Helper()
+		got := map[string]map[string]string{}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+			for path := range want {
+				got[path] = exported(t, path, pod.Name)
+			}
+			if maps.EqualFunc(got, want, maps.Equal) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: routed:\n%v\nwant:\n%v\nevents: %s", what, got, want, describeOrErr(t, pod))
+			}
 		}
-		if maps.EqualFunc(got, want, maps.Equal) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("routed:\n%v\nwant:\n%v\nevents: %s", got, want, describeOrErr(t, pod))
+		t.Logf("%s: routed: %v", what, got)
+	}
+	routed("before removals")
+
+	// The event TTL removes events: the watches see DELETED, which the
+	// recipe does not pass on. A notice comes after every notice before
+	// it on the same watch: once a later probe has come out of each
+	// route, a DELETED of the events removed before would have too.
+	evs, err := events(t.Context(), pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if err := kube.Clientset.CoreV1().Events(e.Namespace).Delete(t.Context(), e.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	t.Logf("routed: %v", got)
+	const afterProbe = "routing probe after the removals"
+	waitFor(t, time.Minute, "both routes to pass a probe line after the removals", func() bool {
+		post("forward", "error", afterProbe)
+		post("probe", "error", afterProbe)
+		time.Sleep(500 * time.Millisecond)
+		return !slices.ContainsFunc([]string{upstream, errs}, func(path string) bool {
+			return !strings.Contains(readIfThere(path), afterProbe)
+		})
+	})
+	routed("after removals")
+	for _, path := range []string{upstream, errs} {
+		if n := strings.Count(readIfThere(path), `"DELETED"`); n != 0 {
+			t.Errorf("%s: %d DELETED notices passed on", filepath.Base(path), n)
+		}
+	}
 }
 
 // routingProbe is the line that tells when the collector's watches are up.
@@ -341,7 +532,7 @@ func exported(t *testing.T, path, pod string) map[string]string {
 					if involved["name"] != pod {
 						continue
 					}
-					if strings.HasSuffix(fmt.Sprint(ev["message"]), routingProbe) {
+					if strings.Contains(fmt.Sprint(ev["message"]), routingProbe) {
 						continue
 					}
 					key := fmt.Sprintf("%v/%v/%v/%v", labels["coredns.io/plugin"], labels["coredns.io/level"], notice["type"], ev["count"])
