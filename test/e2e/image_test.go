@@ -55,7 +55,7 @@ func TestImage(t *testing.T) {
 	version := strings.TrimSpace(string(must(os.ReadFile(filepath.Join(repoRoot, "VERSION")))))
 	coredns := strings.TrimPrefix(corednsVersion(), "v")
 	prefix := "localhost/coredns-k8s-event:" + coredns + "-" + version + "-"
-	if !regexp.MustCompile("^" + regexp.QuoteMeta(prefix) + "[0-9a-f]{12}$").MatchString(a.Ref) || a.Tag != strings.TrimPrefix(a.Ref, "localhost/coredns-k8s-event:") {
+	if !regexp.MustCompile("^"+regexp.QuoteMeta(prefix)+"[0-9a-f]{12}$").MatchString(a.Ref) || a.Tag != strings.TrimPrefix(a.Ref, "localhost/coredns-k8s-event:") {
 		t.Errorf("image %q (tag %q), want %s and 12 hex digits", a.Ref, a.Tag, prefix)
 	}
 	if !strings.Contains(string(out), a.Ref) {
