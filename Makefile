@@ -9,14 +9,25 @@ E2E_TIMEOUT ?= 30m
 FUZZTIME ?= 60s
 
 VERSION := $(shell cat VERSION)
-REVISION := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# REVISION is the commit, with -dirty when the tree differs from it.
+REVISION := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(shell [ -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && echo -dirty)
 COREDNS_VERSION := $(shell $(GO) list -m -f '{{.Version}}' github.com/coredns/coredns | sed 's/^v//')
-# coredns -version names the k8s_event build in its commit field.
+# coredns -version names the k8s_event build in its commit field. The
+# Dockerfile builds with the same flags.
 LDFLAGS := -s -w -X github.com/coredns/coredns/coremain.GitCommit=k8s_event-$(VERSION)+$(REVISION)
-IMAGE_NAME ?= coredns-k8s-event
-IMAGE_TAG ?= $(COREDNS_VERSION)-$(VERSION)
-IMAGE_ARCHIVE ?= bin/$(IMAGE_NAME)-$(IMAGE_TAG).tar
 PLATFORMS ?= linux/amd64 linux/arm64
+# The image is IMAGE_NAME:TAG. TAG is $(COREDNS_VERSION)-$(VERSION)- and
+# 12 hex digits of the image's content digest: the same code gives the same
+# tag, other code another, so IfNotPresent never runs stale code. Set
+# IMAGE_TAG to choose one (e.g. for a release); IMAGE_NAME to name your
+# registry. `make image` prints the reference and writes it to
+# IMAGE_REF_FILE; the archive's index.json names it too.
+IMAGE_NAME ?= localhost/coredns-k8s-event
+IMAGE_TAG ?=
+IMAGE_ARCHIVE ?= bin/coredns-k8s-event.tar
+IMAGE_REF_FILE ?= $(dir $(IMAGE_ARCHIVE))image-ref
+# platform_bin is where `make image` builds the binary of platform $(1).
+platform_bin = bin/$(subst /,-,$(1))/coredns
 
 # NODE is "node" where a node can run (Linux, as root): then the e2e tests
 # and the demo also run CoreDNS as a Pod on a real kubelet and containerd.
@@ -34,22 +45,28 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/coredns ./cmd/coredns
 
-# image writes the CoreDNS image as an archive for `docker load`,
-# `ctr -n k8s.io images import` or `kind load image-archive`; no registry and
-# no builder daemon are needed. The Dockerfile builds the same image.
-image: build
-	$(GO) run ./hack/image -binary bin/coredns -name $(IMAGE_NAME) -tag $(IMAGE_TAG) \
-		-version $(VERSION) -revision $(REVISION) -coredns $(COREDNS_VERSION) -out $(IMAGE_ARCHIVE)
+# image cross-builds CoreDNS for PLATFORMS and writes their image, a
+# multi-platform OCI index, as an archive for `ctr -n k8s.io images
+# import`, `kind load image-archive` or `docker load`; no registry and no
+# builder daemon are needed. The Dockerfile builds the same image.
+image:
+	for p in $(PLATFORMS); do \
+		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
+			-o bin/$${p%/*}-$${p#*/}/coredns ./cmd/coredns; \
+	done
+	$(GO) run ./hack/image $(foreach p,$(PLATFORMS),-binary $(p)=$(call platform_bin,$(p))) \
+		-name $(IMAGE_NAME) -tag '$(IMAGE_TAG)' -version $(VERSION) -revision $(REVISION) \
+		-coredns $(COREDNS_VERSION) -out $(IMAGE_ARCHIVE) -ref-file $(IMAGE_REF_FILE)
 
-# release writes dist/: static binaries for PLATFORMS, the image archive of
-# this machine's platform, and their SHA-256 sums.
+# release writes dist/: the static binaries of PLATFORMS, their image
+# archive named by its tag, the image's reference, and SHA-256 sums.
 release: image
 	rm -rf dist && mkdir -p dist
 	for p in $(PLATFORMS); do \
-		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
-			-o dist/coredns-k8s_event-$(VERSION)-$${p%/*}-$${p#*/} ./cmd/coredns; \
+		cp bin/$${p%/*}-$${p#*/}/coredns dist/coredns-k8s_event-$(VERSION)-$${p%/*}-$${p#*/}; \
 	done
-	cp $(IMAGE_ARCHIVE) dist/
+	ref=$$(cat $(IMAGE_REF_FILE)); cp $(IMAGE_ARCHIVE) "dist/coredns-k8s-event-$${ref##*:}.tar"
+	cp $(IMAGE_REF_FILE) dist/image-ref
 	cd dist && sha256sum * > SHA256SUMS
 
 tools:
@@ -75,7 +92,7 @@ test-faults:
 	$(GO) test -race -count=1 -run '^TestFaultModelConcurrent$$' -faultmodel.concurrent=$(CONCURRENT_SEEDS) -v . | grep -E '^(---|ok|FAIL|\s+faultconc)'
 
 # test-e2e runs the end-to-end tests; with NODE, the node tests run the
-# image that `make image` writes.
+# image that `make image` writes (they read its reference from the archive).
 test-e2e: image
 	$(with_tools) K8S_EVENT_IMAGE=$(abspath $(IMAGE_ARCHIVE)) \
 		$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) ./test/e2e/... ./internal/cluster/...
@@ -87,7 +104,7 @@ test-e2e: image
 demo: image
 	$(GO) build -o bin/coredns-e2e ./test/cmd/coredns
 	$(GO) build -o bin/demo ./cmd/demo
-	$(with_tools) exec bin/demo -coredns bin/coredns-e2e -image $(IMAGE_ARCHIVE) -image-ref $(IMAGE_NAME):$(IMAGE_TAG)
+	$(with_tools) exec bin/demo -coredns bin/coredns-e2e -image $(IMAGE_ARCHIVE) -image-ref "$$(cat $(IMAGE_REF_FILE))"
 
 # bench runs the listener micro-benchmarks, then test/bench: CoreDNS with and
 # without k8s_event against a local control plane, driven by dnsperf. It

@@ -16,15 +16,12 @@ import (
 const loopbackKustomization = `# Written by the cluster package for a node on loopback; not for users.
 resources:
 - %[1]s
-images:
-- name: registry.k8s.io/coredns/coredns
-  newName: %[2]s
-  newTag: %[3]s
-- name: %[2]s
-  newTag: %[3]s
 patches:
 - target: {kind: Deployment, name: coredns}
   patch: |-
+    - op: replace
+      path: /spec/template/spec/containers/0/image
+      value: %[2]q
     - op: add
       path: /spec/template/spec/hostNetwork
       value: true
@@ -54,18 +51,18 @@ patches:
             - name: KUBERNETES_SERVICE_HOST
               value: "127.0.0.1"
             - name: KUBERNETES_SERVICE_PORT
-              value: "%[4]d"
+              value: "%[3]d"
 `
 
 // WriteLoopbackKustomization writes into dir a kustomization that applies
 // base (a directory, e.g. deploy/k8s_event) with what CoreDNS needs to run
 // on this package's node: hostNetwork, the API server's loopback address,
-// the imported image (NAME:TAG) never pulled, and no host ports. Apply it
-// with `kubectl apply -k dir`.
+// the imported image (a full reference, e.g. localhost/NAME:TAG, whatever
+// image base names) never pulled, and no host ports. Apply it with
+// `kubectl apply -k dir`.
 func (c *Cluster) WriteLoopbackKustomization(dir, base, image string) error {
-	name, tag, ok := strings.Cut(image, ":")
-	if !ok {
-		return fmt.Errorf("image %q: want NAME:TAG", image)
+	if i := strings.LastIndexAny(image, ":@"); i < 0 || i < strings.LastIndex(image, "/") || strings.ContainsAny(image, " \n\"") {
+		return fmt.Errorf("image %q: want a reference with a tag or digest, e.g. localhost/NAME:TAG", image)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -83,6 +80,6 @@ func (c *Cluster) WriteLoopbackKustomization(dir, base, image string) error {
 	if err != nil {
 		return err
 	}
-	k := fmt.Sprintf(loopbackKustomization, rel, name, tag, c.Port())
+	k := fmt.Sprintf(loopbackKustomization, rel, image, c.Port())
 	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }

@@ -31,8 +31,11 @@ import (
 // kubernetes Service cannot have a loopback endpoint.
 type NodeOptions struct {
 	// Images are image archives (docker-archive or OCI layout, as `make
-	// image` writes) that are imported into the node's containerd. Pods
-	// using them need imagePullPolicy: Never or IfNotPresent.
+	// image` writes) that are imported into the node's containerd, each
+	// under the name its archive gives (image.Ref reads it from an OCI
+	// layout). Of a multi-platform index, containerd imports and unpacks
+	// the node's platform only. Pods using them need imagePullPolicy:
+	// Never or IfNotPresent.
 	Images []string
 	// SyncFrequency is the kubelet's syncFrequency, which bounds how soon
 	// an edited ConfigMap reaches a pod's volume; 10s when zero.
@@ -338,8 +341,11 @@ func (n *node) pauseArchive(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ref := strings.SplitN(PauseImage, ":", 2)
-	err = image.Write(f, image.Options{Binary: bin, Entrypoint: "/pause", Name: ref[0], Tag: ref[1], Created: time.Unix(0, 0)})
+	err = image.Write(f, PauseImage, image.Options{
+		Binaries:   []image.Binary{{Platform: "linux/" + runtime.GOARCH, Path: bin}},
+		Entrypoint: "/pause",
+		Created:    time.Unix(0, 0),
+	})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -8,7 +8,6 @@
 package node
 
 import (
-	"archive/tar"
 	"bufio"
 	"context"
 	"encoding/json"
@@ -29,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/dnsops/k8s_event/internal/cluster"
+	"github.com/dnsops/k8s_event/internal/image"
 )
 
 // eventAudit records who creates and patches events, and what the API
@@ -68,31 +68,17 @@ type nodeEnv struct {
 	t    *testing.T
 	kube *cluster.Cluster
 	dir  string // the test-only kustomizations
-	ref  string // the image's name:tag, which the overlay names
+	ref  string // the image's full reference, which the overlay is set to
 }
 
-// archiveRef is the name:tag of the image in a `docker save` archive.
+// archiveRef is the full reference of the image in archive, as the
+// node's containerd names it.
 func archiveRef(t *testing.T, archive string) string {
-	f, err := os.Open(archive)
+	ref, err := image.Ref(archive)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err != nil {
-			t.Fatalf("%s: no manifest.json: %v", archive, err)
-		}
-		if h.Name != "manifest.json" {
-			continue
-		}
-		var manifest []struct{ RepoTags []string }
-		if err := json.NewDecoder(tr).Decode(&manifest); err != nil || len(manifest) != 1 || len(manifest[0].RepoTags) != 1 {
-			t.Fatalf("%s: manifest.json: %v %v", archive, err, manifest)
-		}
-		return manifest[0].RepoTags[0]
-	}
+	return ref
 }
 
 // nodeImage is the image archive: $K8S_EVENT_IMAGE, as `make test` sets
