@@ -7,7 +7,7 @@
 //	listener (hook.go)         level test, format, non-blocking hand-off
 //	correlator (correlator.go) one LRU of events: repeats counted, storms
 //	                           combined by shape (shape.go), eviction
-//	scheduler (scheduler.go)   a token bucket per reason, backoff, the work queue
+//	scheduler (ratelimit.go)   a token bucket per reason, backoff, the work queue
 //	writers (writer.go)        one request per token, Create or Patch
 //
 // pipeline.go holds the state they share, who owns what, and the lifecycle
