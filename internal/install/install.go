@@ -276,6 +276,40 @@ func (t *target) current() original {
 	return o
 }
 
+// checkOptions refuses k8s_event block lines that would keep CoreDNS from
+// starting, before any pod rolls: the plugin checks the values themselves.
+func checkOptions(lines []string) error {
+	seen := map[string]bool{}
+	for _, l := range lines {
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			return fmt.Errorf("--option %q: empty", l)
+		}
+		if seen[f[0]] {
+			return fmt.Errorf("--option %q: %s given twice", l, f[0])
+		}
+		seen[f[0]] = true
+		switch f[0] {
+		case "level":
+			if len(f) == 1 {
+				return fmt.Errorf("--option %q: level needs at least one of debug, info, warning, error, fatal", l)
+			}
+			for _, v := range f[1:] {
+				if !slices.Contains([]string{"debug", "info", "warning", "error", "fatal"}, strings.ToLower(v)) {
+					return fmt.Errorf("--option %q: unknown level %q: want debug, info, warning, error or fatal", l, v)
+				}
+			}
+		case "rate":
+			if len(f) < 2 || len(f) > 4 {
+				return fmt.Errorf("--option %q: rate takes QPS [BURST [CACHESIZE]]", l)
+			}
+		default:
+			return fmt.Errorf("--option %q: unknown property %q: want level or rate", l, f[0])
+		}
+	}
+	return nil
+}
+
 // GeneratedName is the name of the ConfigMap with data made from the
 // ConfigMap source: source's name, then a hash of the content.
 func GeneratedName(source string, data map[string]string) string {
@@ -295,6 +329,9 @@ func GeneratedName(source string, data map[string]string) string {
 func Install(ctx context.Context, c kubernetes.Interface, o Options) error {
 	if o.Image == "" {
 		return errors.New("--image: empty: name the CoreDNS image with k8s_event")
+	}
+	if err := checkOptions(o.Options); err != nil {
+		return err
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error { return install(ctx, c, &o) })
 }

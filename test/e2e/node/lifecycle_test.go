@@ -235,9 +235,8 @@ func writeKustomization(t *testing.T, dir string, resources []string, deployment
 		fmt.Fprintf(&k, "- %s\n", r)
 	}
 	fmt.Fprintf(&k, "patches:%s", fmt.Sprintf(operatorPatches, deployment, apiPort, tolerations))
-	ind := "    " + strings.ReplaceAll(strings.TrimSuffix(corefile, "\n"), "\n", "\n    ")
-	fmt.Fprintf(&k, "- target: {kind: ConfigMap, name: %s}\n  patch: |-\n    - op: replace\n      path: /data/Corefile\n      value: |\n%s\n",
-		configMap, strings.ReplaceAll(ind, "\n", "\n    "))
+	ind := "        " + strings.ReplaceAll(strings.TrimSuffix(corefile, "\n"), "\n", "\n        ")
+	fmt.Fprintf(&k, "- target: {kind: ConfigMap, name: %s}\n  patch: |-\n    - op: replace\n      path: /data/Corefile\n      value: |\n%s\n", configMap, ind)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
