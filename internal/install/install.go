@@ -802,7 +802,8 @@ func indent(s string) string {
 }
 
 // Diff is a line diff of a and b: lines only in a start with "-", lines
-// only in b with "+", lines in both with " ".
+// only in b with "+", lines in both with " ". Lines that differ only in
+// their indentation are the same: the Corefile parser writes its own.
 func Diff(a, b string) string {
 	x := strings.Split(strings.TrimSuffix(a, "\n"), "\n")
 	y := strings.Split(strings.TrimSuffix(b, "\n"), "\n")
@@ -814,7 +815,7 @@ func Diff(a, b string) string {
 	}
 	for i := len(x) - 1; i >= 0; i-- {
 		for j := len(y) - 1; j >= 0; j-- {
-			if x[i] == y[j] {
+			if strings.TrimSpace(x[i]) == strings.TrimSpace(y[j]) {
 				lcs[i][j] = lcs[i+1][j+1] + 1
 			} else {
 				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
@@ -825,8 +826,8 @@ func Diff(a, b string) string {
 	i, j := 0, 0
 	for i < len(x) || j < len(y) {
 		switch {
-		case i < len(x) && j < len(y) && x[i] == y[j]:
-			out.WriteString("  " + x[i] + "\n")
+		case i < len(x) && j < len(y) && strings.TrimSpace(x[i]) == strings.TrimSpace(y[j]):
+			out.WriteString("  " + y[j] + "\n")
 			i, j = i+1, j+1
 		case j < len(y) && (i == len(x) || lcs[i][j+1] >= lcs[i+1][j]):
 			out.WriteString("+ " + y[j] + "\n")

@@ -78,8 +78,10 @@ corp.example:%[1]d {
 // operatorPatches are an operator's changes to the stock Deployment: three
 // replicas, a raised memory limit, one more toleration; and what the
 // pods need on this package's node (hostNetwork, the API server's loopback
-// address, no host ports, probes by port number), which stands for the
-// operator's networking. %[1]s is the Deployment, %[2]d the API port, %[3]s
+// address, no host ports, probes by port number, and one user for all:
+// pods of the host's network share ports through SO_REUSEPORT, which the
+// kernel allows only to sockets of one uid, and the stock image runs as
+// root), which stands for the operator's networking. %[1]s is the Deployment, %[2]d the API port, %[3]s
 // the tolerations the stock layout has.
 const operatorPatches = `
 - target: {kind: Deployment, name: %[1]s}
@@ -112,6 +114,8 @@ const operatorPatches = `
             effect: NoSchedule
           containers:
           - name: coredns
+            securityContext:
+              runAsUser: 0
             resources:
               limits:
                 memory: 300Mi
@@ -643,7 +647,7 @@ func (lc *lifecycle) run(t *testing.T) {
 
 	lc.do("edit the Corefile, install", func() {
 		cm := lc.configMap(l.config)
-		cm.Data["Corefile"] = strings.Replace(cm.Data["Corefile"], "10.0.0.1 registry.corp.example", "10.0.0.1 registry.corp.example\n       10.0.0.2 edited.corp.example", 1)
+		cm.Data["Corefile"] = strings.Replace(cm.Data["Corefile"], "10.0.0.1 registry.corp.example", "10.0.0.1 registry.corp.example\n       10.0.0.2 edited.hosts.test", 1)
 		if _, err := lc.kube.Clientset.CoreV1().ConfigMaps(l.ns).Update(t.Context(), cm, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -652,10 +656,20 @@ func (lc *lifecycle) run(t *testing.T) {
 		lc.waitEvents(lc.waitPods(lc.ref))
 	})
 	lc.check(true)
-	lc.expectA("edited.corp.example.", "10.0.0.2")
+	lc.expectA("edited.hosts.test.", "10.0.0.2")
 
+	// Back to the first install: its Corefile is still there.
 	lc.do("kubectl rollout undo", func() {
 		lc.kubectl("-n", l.ns, "rollout", "undo", "deployment/"+l.deployment)
+		lc.waitEvents(lc.waitPods(lc.ref))
+	})
+	lc.check(true)
+	if vol := lc.deploymentObj().Spec.Template.Spec.Volumes[0].ConfigMap.Name; strings.Contains(lc.configMap(vol).Data["Corefile"], "edited.hosts.test") {
+		t.Errorf("after the undo the pods read %s, the edited Corefile", vol)
+	}
+	// Back to the stock CoreDNS: it parses the operator's Corefile.
+	lc.do("kubectl rollout undo --to-revision=1", func() {
+		lc.kubectl("-n", l.ns, "rollout", "undo", "deployment/"+l.deployment, "--to-revision=1")
 		lc.noEvents(lc.waitPods(stockImage))
 	})
 	lc.check(false)
@@ -755,6 +769,8 @@ func (lc *lifecycle) kubeadm(installArgs []string) {
         effect: NoSchedule
       containers:
       - name: coredns
+        securityContext:
+          runAsUser: 0
         resources:
           limits:
             memory: 300Mi
