@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/coredns/caddy v1.1.4
 	github.com/coredns/coredns v1.15.0
+	github.com/coredns/corefile-migration v1.0.29
 	github.com/coredns/kubeapi v0.0.0-20220204142012-e4e9337f0a0d
 	github.com/go-logr/logr v1.4.4
 	github.com/hashicorp/golang-lru/v2 v2.0.7

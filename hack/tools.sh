@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the binaries that the end-to-end tests run against: kube-apiserver,
 # kubectl and etcd, from the versions pinned in tools/go.mod; and for the
-# node (root on Linux only) kubelet, kube-controller-manager, kube-scheduler
+# node (root on Linux only) kubelet, kube-controller-manager, kube-scheduler,
+# kubeadm (whose CoreDNS addon phase the lifecycle test runs)
 # from tools/go.mod and containerd, its runc shim and ctr from
 # tools/containerd/go.mod, plus Debian's runc, CNI plugins, iptables and
 # conntrack; Prometheus with promtool, from Debian's package, for the
@@ -155,6 +156,7 @@ install_node() {
 	KUBELET=$(build kubelet "$kube" k8s.io/kubernetes/cmd/kubelet "$(kube_ldflags "$kube")")
 	KUBE_CONTROLLER_MANAGER=$(build kube-controller-manager "$kube" k8s.io/kubernetes/cmd/kube-controller-manager "$(kube_ldflags "$kube")")
 	KUBE_SCHEDULER=$(build kube-scheduler "$kube" k8s.io/kubernetes/cmd/kube-scheduler "$(kube_ldflags "$kube")")
+	KUBEADM=$(build kubeadm "$kube" k8s.io/kubernetes/cmd/kubeadm "$(kube_ldflags "$kube")")
 	ctrd=$(module_version github.com/containerd/containerd/v2 "$containerd_mod")
 	local vflag="-X github.com/containerd/containerd/v2/version.Version=${ctrd#v}"
 	CONTAINERD=$(build containerd "$ctrd" github.com/containerd/containerd/v2/cmd/containerd "$vflag" "$containerd_mod")
@@ -165,7 +167,7 @@ install_node() {
 print_env() {
 	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\nOTELCOL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL" "$OTELCOL"
 	if [[ -n ${KUBELET:-} ]]; then
-		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER"
+		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\nKUBEADM=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER" "$KUBEADM"
 		printf "CONTAINERD=%q\nCONTAINERD_SHIM=%q\nCTR=%q\n" "$CONTAINERD" "$CONTAINERD_SHIM" "$CTR"
 	fi
 	if [[ -n ${PROMETHEUS:-} ]]; then printf "PROMETHEUS=%q\nPROMTOOL=%q\n" "$PROMETHEUS" "$PROMTOOL"; fi

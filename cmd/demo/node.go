@@ -64,13 +64,25 @@ func runNode(ctx context.Context, archive, ref, deploy string) error {
 		fmt.Print(out)
 	}
 
-	step("adding a zone whose upstream refuses to the Corefile (kubectl patch configmap coredns);\n    the kubelet and the reload plugin bring it to the pods in about 30s")
-	cm, err := kube.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	// The pods read the ConfigMap the overlay generated, named by its
+	// content; the demo edits it in place to show a reload.
+	dep, err := kube.Clientset.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	cmName := "coredns"
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Name == "config-volume" && v.ConfigMap != nil {
+			cmName = v.ConfigMap.Name
+		}
+	}
+	step("adding a zone whose upstream refuses to the Corefile (kubectl patch configmap " + cmName + ");\n    the kubelet and the reload plugin bring it to the pods in about 30s")
+	cm, err := kube.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, cmName, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
 	patch, _ := json.Marshal(map[string]any{"data": map[string]string{"Corefile": cm.Data["Corefile"] + failZone}})
-	if _, _, err := kube.Kubectl(ctx, "-n", "kube-system", "patch", "configmap", "coredns", "--type=merge", "-p", string(patch)); err != nil {
+	if _, _, err := kube.Kubectl(ctx, "-n", "kube-system", "patch", "configmap", cmName, "--type=merge", "-p", string(patch)); err != nil {
 		return err
 	}
 	start = time.Now()

@@ -44,15 +44,19 @@ func manifests(t *testing.T) [][]byte {
 	return docs
 }
 
-// manifest decodes the document of the overlay of that kind.
+// manifest decodes the document of the overlay of that kind (and, for
+// ConfigMaps, the one the overlay generates).
 func manifest(t *testing.T, kind string, into any) {
 	t.Helper()
 	for _, doc := range manifests(t) {
-		var meta metav1.TypeMeta
+		var meta struct {
+			metav1.TypeMeta
+			Metadata metav1.ObjectMeta
+		}
 		if err := yaml.Unmarshal(doc, &meta); err != nil {
 			t.Fatal(err)
 		}
-		if meta.Kind == kind {
+		if meta.Kind == kind && (kind != "ConfigMap" || strings.HasPrefix(meta.Metadata.Name, "coredns-k8s-event-")) {
 			if err := yaml.UnmarshalStrict(doc, into); err != nil {
 				t.Fatalf("overlay %s: %v", kind, err)
 			}
@@ -97,9 +101,9 @@ func TestOverlay(t *testing.T) {
 	out := kubectl(t, "apply", "--dry-run=server", "-k", overlayDir())
 	for _, obj := range []string{
 		"role.rbac.authorization.k8s.io/coredns-k8s-event", "rolebinding.rbac.authorization.k8s.io/coredns-k8s-event",
-		"configmap/coredns", "deployment.apps/coredns", "poddisruptionbudget.policy/coredns",
+		"configmap/coredns", "configmap/coredns-k8s-event-", "deployment.apps/coredns",
 	} {
-		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(obj) + ` \S+ \(server dry run\)$`).MatchString(out) {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(obj) + `\S* \S+ \(server dry run\)$`).MatchString(out) {
 			t.Errorf("kubectl apply -k --dry-run=server: %s missing from\n%s", obj, out)
 		}
 	}
@@ -196,7 +200,7 @@ func TestOverlay(t *testing.T) {
 		}
 	})
 
-	t.Run("Role and PodDisruptionBudget", func(t *testing.T) {
+	t.Run("Role, and the PodDisruptionBudget opt-in", func(t *testing.T) {
 		var role rbacv1.Role
 		manifest(t, "Role", &role)
 		if got := flatten(role.Rules); role.Namespace != "kube-system" || !slices.Equal(got, flatten(eventRules)) {
@@ -207,8 +211,29 @@ func TestOverlay(t *testing.T) {
 		if len(rb.Subjects) != 1 || rb.Subjects[0].Kind != "ServiceAccount" || rb.Subjects[0].Name != "coredns" || rb.Subjects[0].Namespace != "kube-system" || rb.RoleRef.Name != role.Name {
 			t.Errorf("RoleBinding %+v, want the Role bound to kube-system/coredns", rb)
 		}
+		for _, doc := range manifests(t) {
+			if strings.Contains(string(doc), "kind: PodDisruptionBudget") {
+				t.Errorf("the overlay has a PodDisruptionBudget: it keeps a single node from draining")
+			}
+		}
+		// With the component pdb/.
+		dir := t.TempDir()
+		rel, _ := filepath.Rel(dir, overlayDir())
+		k := fmt.Sprintf("resources:\n- %s\ncomponents:\n- %s/pdb\n", rel, rel)
+		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		var pdb policyv1.PodDisruptionBudget
-		manifest(t, "PodDisruptionBudget", &pdb)
+		for doc := range strings.SplitSeq(kubectl(t, "kustomize", dir), "\n---") {
+			if strings.Contains(doc, "kind: PodDisruptionBudget") {
+				if err := yaml.UnmarshalStrict([]byte(doc), &pdb); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if pdb.Spec.Selector == nil {
+			t.Fatal("the component pdb/ adds no PodDisruptionBudget")
+		}
 		if pdb.Spec.Selector.MatchLabels["k8s-app"] != "kube-dns" || pdb.Spec.MaxUnavailable.IntValue() != 1 {
 			t.Errorf("PodDisruptionBudget %+v, want one kube-dns pod at most unavailable", pdb.Spec)
 		}
@@ -243,7 +268,7 @@ func TestRBAC(t *testing.T) {
 	if err := installStockDNS(); err != nil {
 		t.Fatal(err)
 	}
-	kubectl(t, "apply", "-f", filepath.Join(overlayDir(), "rbac.yaml"))
+	kubectl(t, "apply", "-f", filepath.Join(overlayDir(), "component", "rbac.yaml"))
 	kubeconfig, err := kube.ServiceAccountKubeconfig(ctx, "kube-system", "coredns")
 	if err != nil {
 		t.Fatal(err)

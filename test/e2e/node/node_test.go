@@ -419,19 +419,37 @@ func (e *nodeEnv) identity(t *testing.T) {
 	t.Logf("event writes by the coredns ServiceAccount, per bound pod: %v", byPod)
 }
 
-// corefile returns the Corefile of the coredns ConfigMap.
+// configMap is the name of the ConfigMap the pods read their Corefile
+// from: the overlay generates it, named by its content.
+func (e *nodeEnv) configMap(t *testing.T) string {
+	d, err := e.kube.Clientset.AppsV1().Deployments("kube-system").Get(t.Context(), "coredns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == "config-volume" && v.ConfigMap != nil {
+			return v.ConfigMap.Name
+		}
+	}
+	t.Fatal("the Deployment has no config-volume")
+	return ""
+}
+
+// corefile returns the Corefile the pods read.
 func (e *nodeEnv) corefile(t *testing.T) string {
-	cm, err := e.kube.Clientset.CoreV1().ConfigMaps("kube-system").Get(t.Context(), "coredns", metav1.GetOptions{})
+	cm, err := e.kube.Clientset.CoreV1().ConfigMaps("kube-system").Get(t.Context(), e.configMap(t), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cm.Data["Corefile"]
 }
 
+// setCorefile edits the ConfigMap the pods read in place, so that the
+// reload plugin picks the edit up (an install makes a new one instead).
 func (e *nodeEnv) setCorefile(t *testing.T, corefile string) {
 	t.Helper()
 	patch, _ := json.Marshal(map[string]any{"data": map[string]string{"Corefile": corefile}})
-	e.kubectl("-n", "kube-system", "patch", "configmap", "coredns", "--type=merge", "-p", string(patch))
+	e.kubectl("-n", "kube-system", "patch", "configmap", e.configMap(t), "--type=merge", "-p", string(patch))
 }
 
 func (e *nodeEnv) reload(t *testing.T) {

@@ -1,0 +1,126 @@
+// Command kubectl-k8s_event adds k8s_event to the CoreDNS a cluster runs,
+// and takes it out again. On the PATH, kubectl runs it as
+// `kubectl k8s-event`:
+//
+//	kubectl k8s-event install --image IMAGE [--dry-run]
+//	kubectl k8s-event uninstall [--dry-run]
+//	kubectl k8s-event status
+//
+// It changes only what k8s_event needs (see internal/install) and waits
+// until the Deployment has rolled out.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dnsops/k8s_event/internal/install"
+)
+
+const usage = `Usage: kubectl k8s-event install|uninstall|status [flags]
+
+  install     run the CoreDNS Deployment with k8s_event: its image, the
+              downward-API variables, its Corefile with kubeapi and k8s_event
+              (a ConfigMap of its own, named by its content), and a Role and
+              RoleBinding for its ServiceAccount to create and patch events
+  uninstall   give back the image, variables and Corefile reference it had,
+              remove the Role and RoleBinding
+  status      say whether k8s_event is installed
+
+Run install again after editing your Corefile's ConfigMap: the pods roll to
+the new one.
+
+Flags:
+`
+
+// levels is a repeatable flag.
+type lines []string
+
+func (l *lines) String() string     { return strings.Join(*l, ", ") }
+func (l *lines) Set(v string) error { *l = append(*l, v); return nil }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "kubectl k8s-event:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kubectl k8s-event", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	var o install.Options
+	var kubeconfig, kubecontext string
+	var options lines
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+	fs.StringVar(&kubecontext, "context", "", "the kubeconfig context")
+	fs.StringVar(&o.Namespace, "namespace", "kube-system", "the namespace of CoreDNS")
+	fs.StringVar(&o.Namespace, "n", "kube-system", "short for --namespace")
+	fs.StringVar(&o.Deployment, "deployment", "", "the CoreDNS Deployment (default: the one labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns)")
+	fs.StringVar(&o.Container, "container", "", "the CoreDNS container (default: coredns, or the only one)")
+	fs.StringVar(&o.Image, "image", "", "install: the CoreDNS image with k8s_event")
+	fs.Var(&options, "option", "install: a line of the k8s_event block, e.g. 'level info warning error' (repeatable; default: none, the plugin's defaults)")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "print what would change, change nothing")
+	fs.DurationVar(&o.Wait, "timeout", 5*time.Minute, "how long to wait for the rollout (0: do not wait)")
+
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fs.Usage()
+		return errors.New("name a command: install, uninstall or status")
+	}
+	cmd := args[0]
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected arguments %q", cmd, fs.Args())
+	}
+	if o.Wait < 0 {
+		return fmt.Errorf("--timeout %v: must not be negative", o.Wait)
+	}
+	o.Options = options
+	o.Out = stdout
+
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if kubeconfig != "" {
+		rules.ExplicitPath = kubeconfig
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubecontext}).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	switch cmd {
+	case "install":
+		return install.Install(ctx, client, o)
+	case "uninstall":
+		if o.Image != "" || len(options) > 0 {
+			return errors.New("uninstall: --image and --option are for install")
+		}
+		return install.Uninstall(ctx, client, o)
+	case "status":
+		return install.Status(ctx, client, o)
+	default:
+		fs.Usage()
+		return fmt.Errorf("unknown command %q: want install, uninstall or status", cmd)
+	}
+}
