@@ -1,0 +1,46 @@
+package k8s_event
+
+import (
+	"net/http"
+	"testing"
+	"time"
+)
+
+// podReads counts the pod reads that reached the server.
+func (api *fakeAPI) podReads() int {
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	n := 0
+	for _, r := range api.requests {
+		if r.resource == "pods" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestFlushHonoursRetryAfterOfPodLookup: without COREDNS_POD_UID, the create
+// first reads the pod. A 429 asking for 30 s on that read is a failed write
+// like any other: in the flush at shutdown it is not tried again sooner
+// than it asks (README, Shutdown), and every request made for an event
+// takes a token of its bucket (README, Throttling: BURST + QPS x T).
+func TestFlushHonoursRetryAfterOfPodLookup(t *testing.T) {
+	// One token, refilled once an hour: the flush may send one request.
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/3600, 1, 64))
+	p.flushPause = 10 * time.Millisecond
+	ref := testRef
+	ref.UID = ""
+	p.pod.ref.Store(&ref)
+	p.pod.lookup.Store(true)
+	api.setFault(func(r apiRequest) fault {
+		if r.resource == "pods" {
+			return fault{code: http.StatusTooManyRequests, retryAfter: 30}
+		}
+		return fault{}
+	})
+	p.observe(ln(levelError, "errors", "busy", clk.Now()))
+	p.stop(time.Second)
+	if n := api.podReads(); n > 1 {
+		t.Errorf("%d pod reads in a 1 s flush after a 429 asking for 30 s, with a bucket of 1 token: want at most 1", n)
+	}
+}
