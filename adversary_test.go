@@ -44,3 +44,32 @@ func TestFlushHonoursRetryAfterOfPodLookup(t *testing.T) {
 		t.Errorf("%d pod reads in a 1 s flush after a 429 asking for 30 s, with a bucket of 1 token: want at most 1", n)
 	}
 }
+
+// TestPodLookupTakesTokens: the pod read is a request made for an event's
+// create, and reaches the API server; the README bounds every such request
+// by its bucket: at most BURST + QPS x T. A bucket of one token refilled
+// once a day meets a pod read that fails with a 503 for an hour: the API
+// server must see at most 1 + 1/24 requests, not one per lookup backoff.
+func TestPodLookupTakesTokens(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/86400, 1, 64))
+	ref := testRef
+	ref.UID = ""
+	p.pod.ref.Store(&ref)
+	p.pod.lookup.Store(true)
+	api.setFault(func(r apiRequest) fault {
+		if r.resource == "pods" {
+			return fault{code: http.StatusServiceUnavailable}
+		}
+		return fault{}
+	})
+	p.observe(ln(levelError, "errors", "waits for the pod", clk.Now()))
+	for range 3600 {
+		due(p)
+		clk.Step(time.Second)
+	}
+	c, pt := api.writes()
+	if n := api.podReads() + c + pt; n > 1 {
+		t.Errorf("%d requests for one event's bucket of 1 token (QPS 1/day) within an hour: %d pod reads, %d creates, %d patches",
+			n, api.podReads(), c, pt)
+	}
+}
