@@ -73,3 +73,29 @@ func TestPodLookupTakesTokens(t *testing.T) {
 			n, api.podReads(), c, pt)
 	}
 }
+
+// TestFlushHonoursRetryAfterAskedBeforeStop: a write answered 429 with
+// Retry-After: 30 just before shutdown must not be retried by the flush
+// (README, Shutdown: "a failed write is tried again no sooner than it
+// asks, and when it asks for longer than the flush has left, the event is
+// not tried again and its lines are dropped at the end").
+func TestFlushHonoursRetryAfterAskedBeforeStop(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	p.flushPause = 10 * time.Millisecond
+	before := readLedger()
+	api.setFault(func(apiRequest) fault { return fault{code: http.StatusTooManyRequests, retryAfter: 30} })
+	p.observe(ln(levelError, "errors", "busy", clk.Now()))
+	drain(p)
+	if c, _ := api.writes(); c != 1 {
+		t.Fatalf("%d creates before stop, want 1", c)
+	}
+	clk.Step(time.Second) // 29 s of the Retry-After are left
+	p.stop(2 * time.Second)
+	if c, _ := api.writes(); c != 1 {
+		t.Errorf("%d creates, want 1: the flush retried 1 s after a 429 asking for 30 s", c)
+	}
+	d := checkLedger(t, api, before, 1)
+	if d.dropped[dropShutdown] != 1 {
+		t.Errorf("dropped %v, want 1 at shutdown", d.dropped)
+	}
+}
