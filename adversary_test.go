@@ -99,3 +99,25 @@ func TestFlushHonoursRetryAfterAskedBeforeStop(t *testing.T) {
 		t.Errorf("dropped %v, want 1 at shutdown", d.dropped)
 	}
 }
+
+// TestPodLookupAndCreateShareOneToken: with the pod read answered at once,
+// the first create of an event with a bucket of one token (QPS 1/day)
+// makes two requests that reach the API server: the bound of the README
+// is 1.
+func TestPodLookupAndCreateShareOneToken(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/86400, 1, 64))
+	ref := testRef
+	ref.UID = ""
+	p.pod.ref.Store(&ref)
+	p.pod.lookup.Store(true)
+	pod := corev1Pod
+	pod.Name, pod.Namespace = testRef.Name, testRef.Namespace
+	api.addPod(&pod)
+	p.observe(ln(levelError, "errors", "first of its kind", clk.Now()))
+	drain(p)
+	c, pt := api.writes()
+	if n := api.podReads() + c + pt; n > 1 {
+		t.Errorf("%d requests reached the API server on a bucket of 1 token: %d pod reads, %d creates, %d patches",
+			n, api.podReads(), c, pt)
+	}
+}
