@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -119,5 +120,49 @@ func TestPodLookupAndCreateShareOneToken(t *testing.T) {
 	if n := api.podReads() + c + pt; n > 1 {
 		t.Errorf("%d requests reached the API server on a bucket of 1 token: %d pod reads, %d creates, %d patches",
 			n, api.podReads(), c, pt)
+	}
+}
+
+// TestReloadsRacingWritesAndStopKeepLedger: writers, the correlator,
+// reloads that shrink and grow the cache, and stop all run at once against
+// a slow but healthy API server. No answer is lost, so the ledger must be
+// exact: sum(counts) + pending + dropped == lines.
+func TestReloadsRacingWritesAndStopKeepLedger(t *testing.T) {
+	for round := range 5 {
+		p, api, clk := newTestPipeline(t, testConfig(all, 1000, 50, 4))
+		api.setFault(func(apiRequest) fault { return fault{delay: 200 * time.Microsecond} })
+		before := readLedger()
+		p.start()
+		const n = 400
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := range n {
+				p.lines <- ln(levelError, "errors", fmt.Sprint("m", i%7), clk.Now())
+			}
+		}()
+		stopReloads := make(chan struct{})
+		reloaded := make(chan struct{})
+		go func() {
+			defer close(reloaded)
+			for i := 0; ; i++ {
+				select {
+				case <-stopReloads:
+					return
+				default:
+				}
+				p.apply(testConfig(all, 1000, 50, 1+i%4), api.client)
+				time.Sleep(100 * time.Microsecond)
+			}
+		}()
+		<-done
+		p.stop(2 * time.Second)
+		close(stopReloads)
+		<-reloaded
+		d := readLedger().since(before)
+		if got := countsIn(api) + d.pending + d.droppedAll(); got != n {
+			t.Fatalf("round %d: counts %v + pending %v + dropped %v = %v, want %d lines",
+				round, countsIn(api), d.pending, d.dropped, got, n)
+		}
 	}
 }
