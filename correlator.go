@@ -43,9 +43,9 @@ type entry struct {
 	// doubt is the count of the latest write that reached the API and got
 	// no answer; zero once a later answer settled it.
 	doubt    int64
-	failures int           // consecutive failed writes, for the backoff
-	retryAt  time.Time     // no attempt before this, but at shutdown
-	asked    time.Duration // the Retry-After of the latest failed write
+	failures int       // consecutive failed writes, for the backoff
+	retryAt  time.Time // no attempt before this, but at shutdown
+	asked    time.Time // no attempt before this, even at shutdown: the latest Retry-After
 
 	// base is the lines carried by earlier objects of this event, each
 	// full at a count of 2^31-1: the count of the current one is seen-base.

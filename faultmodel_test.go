@@ -96,6 +96,7 @@ type model struct {
 	maxBurst  int
 	maxQPS    float64
 	lastFatal time.Duration
+	podReads  []apiRequest // the pod reads that reached the API, with the reason they were made for; under api.mu
 }
 
 var (
@@ -207,6 +208,18 @@ func (m *model) fault(r apiRequest) fault {
 	}
 	if kind != "" {
 		m.stats.injected[kind]++
+	}
+	if r.resource == "pods" && !f.unsent && m.p != nil {
+		// A pod read is made for the create of the one entry in flight
+		// (the model runs one write at a time) and takes its bucket's token.
+		m.p.mu.Lock()
+		for _, e := range m.p.pendingEntries() {
+			if e.inflight {
+				r.reason = e.key.level.reason()
+			}
+		}
+		m.p.mu.Unlock()
+		m.podReads = append(m.podReads, r)
 	}
 	return f
 }
@@ -337,8 +350,9 @@ func (m *model) check() error {
 	return m.checkBound()
 }
 
-// checkBound: the requests about the events of one reason that reached the
-// API, over any interval T, are at most BURST + QPS x T.
+// checkBound: the requests made for the events of one reason that reached
+// the API, pod reads included, over any interval T, are at most BURST +
+// QPS x T.
 func (m *model) checkBound() error {
 	m.api.mu.Lock()
 	byReason := map[string][]time.Time{}
@@ -346,6 +360,13 @@ func (m *model) checkBound() error {
 		if r.resource == "events" {
 			byReason[r.reason] = append(byReason[r.reason], r.at)
 		}
+	}
+	for _, r := range m.podReads {
+		if r.reason == "" {
+			m.api.mu.Unlock()
+			return fmt.Errorf("a pod read at %v with no event in flight", r.at)
+		}
+		byReason[r.reason] = append(byReason[r.reason], r.at)
 	}
 	m.api.mu.Unlock()
 	for reason, at := range byReason {

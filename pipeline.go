@@ -257,6 +257,13 @@ func (p *pipeline) flush() {
 }
 
 func (p *pipeline) flushOne(e *entry) {
+	// A Retry-After answered before the flush is honoured as well.
+	p.mu.Lock()
+	asked := e.asked.Sub(p.clock.Now())
+	p.mu.Unlock()
+	if asked > 0 && !p.flushWait(asked) {
+		return
+	}
 	for p.ctx.Err() == nil {
 		p.mu.Lock()
 		res, _, report := p.attempt(p.ctx, e)
@@ -269,17 +276,27 @@ func (p *pipeline) flushOne(e *entry) {
 			// A Retry-After is honoured in the flush too; one longer than
 			// the flush has left leaves the lines to be dropped at its end.
 			p.mu.Lock()
-			pause := max(p.flushPause, e.asked)
+			pause := max(p.flushPause, e.asked.Sub(p.clock.Now()))
 			p.mu.Unlock()
-			if time.Now().Add(pause).After(p.flushEnd) {
+			if !p.flushWait(pause) {
 				return
-			}
-			select {
-			case <-p.ctx.Done():
-			case <-time.After(pause):
 			}
 		default:
 			return
 		}
+	}
+}
+
+// flushWait waits pause in the flush, and tells false at once if the flush
+// ends before that.
+func (p *pipeline) flushWait(pause time.Duration) bool {
+	if time.Now().Add(pause).After(p.flushEnd) {
+		return false
+	}
+	select {
+	case <-p.ctx.Done():
+		return false
+	case <-time.After(pause):
+		return true
 	}
 }

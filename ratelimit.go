@@ -149,10 +149,23 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 	p.spend(l, now, res.reached)
 	e.inflight = false
 	defer p.retire(e)
+	if res.lookup {
+		// The pod was read, or its lookup is due later: the create comes
+		// after, with a token of its own. A pod read failed nothing of
+		// this entry; the lookup keeps its own backoff.
+		e.retryAt, e.asked = now.Add(res.wait), now.Add(res.retryAfter)
+		switch {
+		case res.outcome == writeOK:
+			return attemptRedo, 0, nil
+		case errors.Is(res.err, errLookupPending):
+			return attemptFailed, res.wait, nil
+		}
+		return attemptFailed, res.wait, res.err
+	}
 	switch res.outcome {
 	case writeOK:
 		e.carry(e.base + spec.count)
-		e.name, e.tried, e.doubt, e.failures, e.retryAt, e.asked = res.name, "", 0, 0, time.Time{}, 0
+		e.name, e.tried, e.doubt, e.failures, e.retryAt, e.asked = res.name, "", 0, 0, time.Time{}, time.Time{}
 		if full {
 			e.base += spec.count
 			e.name = ""
@@ -171,19 +184,8 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 	case writeRefused:
 		e.retryAt = now.Add(rejectPause)
 		return attemptRefused, rejectPause, res.err
-	case writeFailed:
-		if res.lookup {
-			// No request was made: the create waits for the pod lookup,
-			// which keeps its own backoff; this entry failed nothing.
-			e.retryAt = now.Add(res.retryAfter)
-			if errors.Is(res.err, errLookupPending) {
-				return attemptFailed, res.retryAfter, nil
-			}
-			return attemptFailed, res.retryAfter, res.err
-		}
-		fallthrough
 	default:
-		e.asked = res.retryAfter
+		e.asked = now.Add(res.retryAfter)
 		if res.unsure {
 			e.doubt = e.base + spec.count
 			if spec.name == "" {

@@ -45,6 +45,7 @@ type podIdentity struct {
 	mu       sync.Mutex // one lookup at a time; never taken by the fatal path
 	lookup   atomic.Bool
 	nextTry  time.Time
+	asked    time.Time // no lookup before this, even at shutdown: a Retry-After
 	failures int
 }
 
@@ -79,45 +80,55 @@ func (id *podIdentity) namespace() string {
 var errLookupPending = errors.New("the pod's UID is not known yet")
 
 // resolve returns the reference with the pod's UID, reading the pod once
-// if needed. A lookup that fails for a cause that may pass (no answer,
-// 5xx, 401, 408, 409, 429) is tried again with a backoff, and the create
-// waits; one that the API answers for good (403: not allowed, 404: no such
-// pod, any other 4xx such as 400, 410, 422) is given up, said once, and
-// events go without the UID.
-func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernetes.Interface) (corev1.ObjectReference, time.Duration, error) {
+// if needed. That read is a request of its own: it takes the write's token,
+// and the create comes after it with another. A lookup that fails for a
+// cause that may pass (no answer, 5xx, 401, 408, 409, 429) is tried again
+// with a backoff, and the create waits; the flush at shutdown skips the
+// backoff but not a Retry-After. One that the API answers for good (403:
+// not allowed, 404: no such pod, any other 4xx such as 400, 410, 422) is
+// given up, said once, and events go without the UID. With a nil result,
+// no request was made and the create may go on with the reference.
+func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernetes.Interface) (corev1.ObjectReference, *writeResult) {
 	if !id.lookup.Load() {
-		return id.current(), 0, nil
+		return id.current(), nil
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	ref := id.current()
 	if !id.lookup.Load() {
-		return ref, 0, nil
+		return ref, nil
 	}
-	if wait := id.nextTry.Sub(p.clock.Now()); wait > 0 && !p.flushing.Load() {
-		return ref, wait, errLookupPending
+	now := p.clock.Now()
+	wait := id.nextTry.Sub(now)
+	if p.flushing.Load() {
+		wait = id.asked.Sub(now)
+	}
+	if wait > 0 {
+		return ref, &writeResult{outcome: writeFailed, verb: "get", lookup: true, wait: wait, retryAfter: max(id.asked.Sub(now), 0), err: errLookupPending}
 	}
 	var pod corev1.Pod
 	req := client.CoreV1().RESTClient().Get().Namespace(ref.Namespace).Resource("pods").Name(ref.Name)
-	_, err := send(ctx, req, &pod)
+	reached, err := send(ctx, req, &pod)
+	res := &writeResult{verb: "get", lookup: true, reached: reached}
 	if err == nil {
 		ref.UID = pod.UID
 		id.ref.Store(&ref)
 		id.lookup.Store(false)
-		return ref, 0, nil
+		return ref, res
 	}
 	countError(err)
 	if final(err) {
 		id.lookup.Store(false)
 		clog.Warningf("plugin/%s: %s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", pluginName, envPodUID, err)
-		return ref, 0, nil
+		return ref, res
 	}
 	id.failures++
+	res.outcome, res.err, res.retryAfter = writeFailed, err, retryAfter(err)
 	p.mu.Lock()
-	wait := p.backoffFor(id.failures, retryAfter(err))
+	res.wait = p.backoffFor(id.failures, res.retryAfter)
 	p.mu.Unlock()
-	id.nextTry = p.clock.Now().Add(wait)
-	return ref, wait, err
+	id.nextTry, id.asked = now.Add(res.wait), now.Add(res.retryAfter)
+	return ref, res
 }
 
 // send makes exactly one HTTP request, without client-go's retries on
@@ -144,22 +155,24 @@ const (
 	writeExists                 // create: our earlier create that got no answer was applied
 	writeNameTaken              // create: the name is another's; take a new one
 	writeRefused                // the API refused for good: 400, 403, 404, 422, other 4xx
-	writeFailed                 // may pass: no answer, 401, 408, 409, 429, 5xx; or the pod lookup is due later
+	writeFailed                 // may pass: no answer, 401, 408, 409, 429, 5xx
 )
 
 // writeResult is what a write did.
 type writeResult struct {
 	outcome    writeOutcome
 	name, verb string
-	reached    bool // the request reached the API: it cost a token
-	unsure     bool // it reached the API and got no answer or a 5xx: it may have been applied
-	lookup     bool // no request was made: the create waits for the pod lookup
+	reached    bool          // the request reached the API: it cost a token
+	unsure     bool          // it reached the API and got no answer or a 5xx: it may have been applied
+	lookup     bool          // the pod was read (writeOK: the create is still to make) or the lookup is due later
+	wait       time.Duration // lookup: until the create may be tried again
 	retryAfter time.Duration
 	err        error
 }
 
 // write creates the event, or patches its count, last time and message.
-// With lookup, a create first learns the pod's UID if that is still to do.
+// With lookup, a create first learns the pod's UID if that is still to do:
+// that read is the write's one request, and the create is left to another.
 func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeResult {
 	ctx, cancel := context.WithTimeout(ctx, p.writeTimeout)
 	defer cancel()
@@ -178,10 +191,9 @@ func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeRes
 	}
 	ref := p.pod.current()
 	if lookup {
-		var wait time.Duration
-		var err error
-		if ref, wait, err = p.pod.resolve(ctx, p, client); err != nil {
-			return writeResult{outcome: writeFailed, verb: "create", retryAfter: wait, err: err, lookup: true}
+		var res *writeResult
+		if ref, res = p.pod.resolve(ctx, p, client); res != nil {
+			return *res
 		}
 	}
 	name := s.tried
