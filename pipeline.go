@@ -68,8 +68,8 @@ type pipeline struct {
 	// ended: a storm cannot starve its end, nor ends a level.
 	buckets  [numBuckets]*rate.Limiter
 	reserved [numBuckets]int // requests in flight, each holding a token it may still spend
-	rand     *rand.Rand               // backoff jitter
-	doubtful int64                    // lines dropped whose latest write may have landed unanswered
+	rand     *rand.Rand      // backoff jitter
+	doubtful int64           // lines dropped whose latest write may have landed unanswered
 	// quiet is how long a storm has had no new line when its end is said;
 	// 0: never. ends holds the end events decided and not yet written,
 	// at most cacheSize of them (end.go).
