@@ -33,32 +33,32 @@ const (
 )
 
 // watchQuiet tells how long until e, a written entry with nothing pending,
-// has been quiet for p.quiet, and ends the storm if that time is up; 0 when
-// there is nothing to wait for. Called with p.mu held, by the one writer
+// has been quiet for p.quiet; 0 when there is nothing to wait for. If that
+// time is up, it ends the storm and returns its end, for the caller to
+// queue once it released p.mu. Called with p.mu held, by the one writer
 // that holds e.
-func (p *pipeline) watchQuiet(e *entry, now time.Time) time.Duration {
+func (p *pipeline) watchQuiet(e *entry, now time.Time) (time.Duration, *entry) {
 	if p.quiet <= 0 || e.end != nil || e.evicted || e.inflight || e.pending() > 0 || e.dropped > 0 || e.name == "" {
-		return 0
+		return 0, nil
 	}
 	count := e.seen - e.base
 	if !isStorm(e.key, count) {
-		return 0
+		return 0, nil
 	}
 	if wait := e.last.Add(p.quiet).Sub(now); wait > 0 {
-		return wait
+		return wait, nil
 	}
+	var end *entry
 	if len(p.ends) < p.cacheSize {
-		end := &entry{key: e.key, end: &endSpec{
+		end = &entry{key: e.key, queued: true, end: &endSpec{
 			message: endMessage(e.key.plugin, e.message, count, e.first, e.last),
 			at:      now,
 		}}
 		p.ends[end] = struct{}{}
-		end.queued = true
-		defer p.queue.Add(end) // the queue locks itself and never calls back
 	}
 	// The storm is over: its next line starts a new object and a new count.
 	e.base, e.name, e.first = e.seen, "", time.Time{}
-	return 0
+	return 0, end
 }
 
 // endEntries lists the ends not written yet, oldest first. Called with

@@ -100,10 +100,13 @@ func (p *pipeline) sync(e *entry) {
 	} else {
 		// All written: a storm waits for its quiet. The entry is not
 		// marked queued, so that a new line hands it over at once.
-		quiet := p.watchQuiet(e, p.clock.Now())
+		quiet, end := p.watchQuiet(e, p.clock.Now())
 		p.mu.Unlock()
 		if quiet > 0 {
 			p.queue.AddAfter(e, quiet)
+		}
+		if end != nil {
+			p.queue.Add(end)
 		}
 	}
 	p.say(now, report)
