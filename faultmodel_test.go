@@ -307,6 +307,21 @@ func (m *model) due() {
 		}
 	}
 	m.p.mu.Unlock()
+	m.run(es)
+	// The ends that storms reached in this pass are queued at once.
+	m.p.mu.Lock()
+	var ends []*entry
+	for _, e := range m.p.endEntries() {
+		if e.retryAt.IsZero() && e.failures == 0 {
+			ends = append(ends, e)
+		}
+	}
+	m.p.mu.Unlock()
+	m.run(ends)
+}
+
+// run syncs the entries whose time has come, in order.
+func (m *model) run(es []*entry) {
 	for _, e := range es {
 		m.p.mu.Lock()
 		ready := !e.retryAt.After(m.clk.Now())
@@ -422,8 +437,8 @@ func (m *model) recover() error {
 	}
 	for _, e := range m.p.endEntries() {
 		if tokens := m.p.buckets[endBucket].TokensAt(m.clk.Now()); tokens >= 1 {
-			return fmt.Errorf("%v after the API came back, the end %q waits with %.2f end tokens",
-				m.clk.Since(back), e.end.message, tokens)
+			return fmt.Errorf("%v after the API came back, the end %q waits with %.2f end tokens; retry in %v, %d failures",
+				m.clk.Since(back), e.end.message, tokens, e.retryAt.Sub(m.clk.Now()), e.failures)
 		}
 	}
 	return nil
