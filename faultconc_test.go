@@ -142,6 +142,14 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 				m.clk.Since(back), e.key.message, e.pending(), tokens, l.reason(), ent)
 		}
 	}
+	for _, e := range m.p.endEntries() {
+		if tokens := m.p.buckets[endBucket].TokensAt(m.clk.Now()); tokens >= 1 && !e.inflight {
+			msg, retry := e.end.message, e.retryAt.Sub(m.clk.Now())
+			m.p.mu.Unlock()
+			return fmt.Errorf("%v after the API came back, the end %q waits with %.2f end tokens, retry in %v",
+				m.clk.Since(back), msg, tokens, retry)
+		}
+	}
 	m.p.mu.Unlock()
 
 	m.p.stop(time.Second)
