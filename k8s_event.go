@@ -10,8 +10,9 @@
 //	scheduler (ratelimit.go)   a token bucket per reason, backoff, the work queue
 //	writers (writer.go)        one request per token, Create or Patch
 //
-// pipeline.go holds the state they share, who owns what, and the lifecycle
-// (start, reload, stop and the flush). Events are built in event.go;
+// end.go says when a storm is over, from the writers and the work queue's
+// timers. pipeline.go holds the state they share, who owns what, and the
+// lifecycle (start, reload, stop and the flush). Events are built in event.go;
 // account.go is the one place where lines move between seen, carried by a
 // write, and dropped.
 //

@@ -46,9 +46,10 @@ const (
 //   - apply runs in caddy's reload, stop in its shutdown or exit hook, and
 //     the flush in stop's goroutines once the workers are gone.
 //
-// mu guards the cache, windows, settling, buckets, reserved, rand, doubtful
-// and every field of every entry; it is never held across a request. The
-// queue, names and reporter lock themselves; the atomics need no lock.
+// mu guards the cache, windows, settling, buckets, reserved, rand, doubtful,
+// quiet, ends and every field of every entry; it is never held across a
+// request. The queue, names and reporter lock themselves; the atomics need
+// no lock.
 type pipeline struct {
 	clock  clock.WithTicker
 	levels atomic.Uint32 // levelSet
