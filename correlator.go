@@ -54,6 +54,8 @@ type entry struct {
 	queued   bool // handed to the work queue, due now or later
 	inflight bool
 	evicted  bool
+
+	end *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
 }
 
 type windowKey struct {
@@ -127,6 +129,9 @@ func (p *pipeline) observe(ln line) {
 	}
 	e.see()
 	e.message = msg
+	if e.first.IsZero() { // a storm that came back after its end
+		e.first = ln.at
+	}
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}

@@ -56,6 +56,7 @@ type writeSpec struct {
 	first, last time.Time
 	name        string // set: patch this event
 	tried       string // a create under this name got no answer
+	end         bool   // the end of a storm: message is the whole message
 }
 
 // text is the message as written: a combined event says so after the
@@ -77,15 +78,19 @@ func newEvent(ref corev1.ObjectReference, node, namespace, name string, s writeS
 	if len(instance) > maxInstanceLen {
 		instance = instance[:maxInstanceLen]
 	}
+	reason, typ, message := s.key.level.reason(), s.key.level.eventType(), s.text()
+	if s.end {
+		reason, typ, message = endReason(s.key.level), corev1.EventTypeNormal, s.message
+	}
 	return &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{
 			labelPlugin: pluginLabel(s.key.plugin),
 			labelLevel:  s.key.level.String(),
 		}},
 		InvolvedObject:      ref,
-		Reason:              s.key.level.reason(),
-		Message:             s.text(),
-		Type:                s.key.level.eventType(),
+		Reason:              reason,
+		Message:             message,
+		Type:                typ,
 		Source:              corev1.EventSource{Component: component, Host: node},
 		FirstTimestamp:      metav1.NewTime(s.first),
 		LastTimestamp:       metav1.NewTime(s.last),

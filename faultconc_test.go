@@ -34,8 +34,8 @@ func TestFaultModelConcurrent(t *testing.T) {
 			t.Fatalf("seed %d: %v\nreplay: go test -race -run 'TestFaultModelConcurrent$' -faultmodel.seed=%d -v .", seed, err, seed)
 		}
 	}
-	t.Logf("%d seeds in %v: %d rounds, %d lines, %d reloads, %d expiries; %d requests reached the API, %d refused before; faults: %v",
-		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.reloads, stats.expiries,
+	t.Logf("%d seeds in %v: %d rounds, %d lines, %d reloads, %d expiries, %d storm ends; %d requests reached the API, %d refused before; faults: %v",
+		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.reloads, stats.expiries, stats.ends,
 		stats.requests, stats.refused, stats.injected)
 }
 
@@ -57,6 +57,11 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 
 	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
 	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
+	if m.rng.IntN(4) != 0 { // storms end, from the work queue's timers
+		m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
+	}
+	cfg.quiet = m.quiet
+	m.endNames = map[string]string{}
 	m.before = readLedger()
 	m.p = newPipeline(cfg, m.api.client, testPod(), m.clk)
 	m.p.writeTimeout = 250 * time.Millisecond
@@ -85,6 +90,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		switch r := m.rng.IntN(8); {
 		case r == 0:
 			c := faultConfigs[m.rng.IntN(len(faultConfigs))]
+			c.quiet = m.quiet
 			reload = &c
 			m.maxBurst, m.maxQPS = max(m.maxBurst, c.burst), max(m.maxQPS, c.qps)
 		case r == 1:
@@ -136,6 +142,14 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 				m.clk.Since(back), e.key.message, e.pending(), tokens, l.reason(), ent)
 		}
 	}
+	for _, e := range m.p.endEntries() {
+		if tokens := m.p.buckets[endBucket].TokensAt(m.clk.Now()); tokens >= 1 && !e.inflight {
+			msg, retry := e.end.message, e.retryAt.Sub(m.clk.Now())
+			m.p.mu.Unlock()
+			return fmt.Errorf("%v after the API came back, the end %q waits with %.2f end tokens, retry in %v",
+				m.clk.Since(back), msg, tokens, retry)
+		}
+	}
 	m.p.mu.Unlock()
 
 	m.p.stop(time.Second)
@@ -145,6 +159,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	if d := readLedger().since(m.before); d.pending != 0 {
 		return fmt.Errorf("%v lines still pending after stop", d.pending)
 	}
+	stats.ends += len(m.endNames)
 	m.api.mu.Lock()
 	stats.requests += len(m.api.requests)
 	stats.refused += m.api.refused

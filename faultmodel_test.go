@@ -41,6 +41,7 @@ func seedsFromEnv(n int) int {
 type faultStats struct {
 	seeds, steps, lines, fatals, reloads, expiries, stops int
 	requests, refused                                     int
+	ends                                                  int // end events seen written
 	injected                                              map[string]int
 }
 
@@ -65,9 +66,9 @@ func TestFaultModel(t *testing.T) {
 	for _, k := range kinds {
 		fmt.Fprintf(&b, " %s=%d", k, stats.injected[k])
 	}
-	t.Logf("%d seeds in %v: %d steps, %d lines, %d fatal lines, %d reloads, %d expiries, %d stops; %d requests reached the API, %d refused before; faults:%s",
+	t.Logf("%d seeds in %v: %d steps, %d lines, %d fatal lines, %d reloads, %d expiries, %d stops, %d storm ends; %d requests reached the API, %d refused before; faults:%s",
 		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.fatals, stats.reloads, stats.expiries, stats.stops,
-		stats.requests, stats.refused, b.String())
+		stats.ends, stats.requests, stats.refused, b.String())
 }
 
 // apiMode is how the API behaves during a step.
@@ -97,6 +98,9 @@ type model struct {
 	maxQPS    float64
 	lastFatal time.Duration
 	podReads  []apiRequest // the pod reads that reached the API, with the reason they were made for; under api.mu
+
+	quiet    time.Duration     // of every configuration of the run; 0: off
+	endNames map[string]string // the name of the end event of each end message seen
 }
 
 var (
@@ -121,6 +125,11 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 
 	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
 	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
+	if m.rng.IntN(4) != 0 { // storms end after a quiet of 30 s to 3 min
+		m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
+	}
+	cfg.quiet = m.quiet
+	m.endNames = map[string]string{}
 	pod := testPod()
 	if m.rng.IntN(3) == 0 { // no UID from the downward API
 		ref := testRef
@@ -239,6 +248,7 @@ func (m *model) step() error {
 	switch r := m.rng.IntN(40); {
 	case r < 3:
 		cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
+		cfg.quiet = m.quiet
 		m.maxBurst, m.maxQPS = max(m.maxBurst, cfg.burst), max(m.maxQPS, cfg.qps)
 		m.p.apply(cfg, m.api.client)
 		m.stats.reloads++
@@ -298,11 +308,33 @@ func (m *model) fatal() error {
 	return nil
 }
 
-// due runs every entry whose time has come, in a fixed order.
+// due runs every entry whose time has come, in a fixed order: those with
+// lines pending, the ends, and the written storms waiting for their quiet
+// (the work queue's timers).
 func (m *model) due() {
 	m.p.mu.Lock()
-	es := m.p.pendingEntries()
+	es := append(m.p.pendingEntries(), m.p.endEntries()...)
+	for _, e := range m.p.cache.Values() {
+		if e.pending() == 0 && !e.evicted {
+			es = append(es, e)
+		}
+	}
 	m.p.mu.Unlock()
+	m.run(es)
+	// The ends that storms reached in this pass are queued at once.
+	m.p.mu.Lock()
+	var ends []*entry
+	for _, e := range m.p.endEntries() {
+		if e.retryAt.IsZero() && e.failures == 0 {
+			ends = append(ends, e)
+		}
+	}
+	m.p.mu.Unlock()
+	m.run(ends)
+}
+
+// run syncs the entries whose time has come, in order.
+func (m *model) run(es []*entry) {
 	for _, e := range es {
 		m.p.mu.Lock()
 		ready := !e.retryAt.After(m.clk.Now())
@@ -327,7 +359,30 @@ func (m *model) check() error {
 	}
 	doubt += float64(m.p.doubtful)
 	settling, cached, cacheSize := len(m.p.settling), m.p.cache.Len(), m.p.cacheSize
+	ends := len(m.p.ends)
 	m.p.mu.Unlock()
+
+	// An end is written once: retries of a create that got no answer take
+	// its name again, and no end is said twice.
+	for _, ev := range m.api.list() {
+		if !strings.HasSuffix(ev.Reason, "Ended") {
+			continue
+		}
+		if m.quiet == 0 {
+			return fmt.Errorf("end event %q with quiet off", ev.Message)
+		}
+		if ev.Type != corev1.EventTypeNormal || ev.Count != 1 {
+			return fmt.Errorf("end event %q of type %s, count %d", ev.Message, ev.Type, ev.Count)
+		}
+		said := ev.Reason + " " + ev.Message
+		if name, ok := m.endNames[said]; ok && name != ev.Name {
+			return fmt.Errorf("end %q written twice: %s and %s", said, name, ev.Name)
+		}
+		m.endNames[said] = ev.Name
+	}
+	if ends > cacheSize {
+		return fmt.Errorf("%d ends waiting, cache size %d", ends, cacheSize)
+	}
 
 	if d.lines != m.fed {
 		return fmt.Errorf("lines_total rose by %v, %v lines were logged", d.lines, m.fed)
@@ -401,6 +456,12 @@ func (m *model) recover() error {
 				m.clk.Since(back), e.key.message, e.pending(), tokens, l.reason())
 		}
 	}
+	for _, e := range m.p.endEntries() {
+		if tokens := m.p.buckets[endBucket].TokensAt(m.clk.Now()); tokens >= 1 {
+			return fmt.Errorf("%v after the API came back, the end %q waits with %.2f end tokens; retry in %v, %d failures",
+				m.clk.Since(back), e.end.message, tokens, e.retryAt.Sub(m.clk.Now()), e.failures)
+		}
+	}
 	return nil
 }
 
@@ -426,6 +487,7 @@ func (m *model) stop() error {
 	m.stats.requests += len(m.api.requests)
 	m.stats.refused += m.api.refused
 	m.api.mu.Unlock()
+	m.stats.ends += len(m.endNames)
 	if d := readLedger().since(m.before); d.pending != 0 {
 		return fmt.Errorf("%v lines still pending after stop", d.pending)
 	}

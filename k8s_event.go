@@ -10,8 +10,9 @@
 //	scheduler (ratelimit.go)   a token bucket per reason, backoff, the work queue
 //	writers (writer.go)        one request per token, Create or Patch
 //
-// pipeline.go holds the state they share, who owns what, and the lifecycle
-// (start, reload, stop and the flush). Events are built in event.go;
+// end.go says when a storm is over, from the writers and the work queue's
+// timers. pipeline.go holds the state they share, who owns what, and the
+// lifecycle (start, reload, stop and the flush). Events are built in event.go;
 // account.go is the one place where lines move between seen, carried by a
 // write, and dropped.
 //
@@ -66,7 +67,7 @@ func instanceOf(c *caddy.Controller) *instance {
 //
 // Levels are the union over all blocks. The rate is process-wide: a block
 // without a rate line takes the rate of one that has it, and two different
-// rate lines are an error.
+// rate lines are an error. So is quiet.
 func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, error) {
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
@@ -77,7 +78,13 @@ func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, 
 	case cfg.rateSet && inst.cfg.rateSet && !sameRate(cfg, inst.cfg):
 		return nil, fmt.Errorf("rate %g %d %d conflicts with rate %g %d %d of another server block: the rate is process-wide",
 			cfg.qps, cfg.burst, cfg.cacheSize, inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize)
+	case cfg.quietSet && inst.cfg.quietSet && cfg.quiet != inst.cfg.quiet:
+		return nil, fmt.Errorf("quiet %s conflicts with quiet %s of another server block: quiet is process-wide",
+			quietString(cfg.quiet), quietString(inst.cfg.quiet))
 	default:
+		if cfg.quietSet && !inst.cfg.quietSet {
+			inst.cfg.quiet, inst.cfg.quietSet = cfg.quiet, true
+		}
 		inst.cfg.levels |= cfg.levels
 		if cfg.rateSet && !inst.cfg.rateSet {
 			inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize, inst.cfg.rateSet = cfg.qps, cfg.burst, cfg.cacheSize, true

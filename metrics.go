@@ -99,7 +99,8 @@ var (
 	aggregated   [numLevels]prometheus.Counter
 	throttled    [numLevels]prometheus.Counter
 	droppedTotal [numDropReasons]prometheus.Counter
-	ended        [numLevels]prometheus.Counter // warning and error only; not counted yet
+	ended        [numLevels]prometheus.Counter // warning and error only
+	throttledEnd [numLevels]prometheus.Counter // warning and error only
 )
 
 func init() {
@@ -110,6 +111,7 @@ func init() {
 	}
 	for _, l := range []level{levelWarning, levelError} {
 		ended[l] = endedTotal.WithLabelValues(endReason(l))
+		throttledEnd[l] = throttledTotal.WithLabelValues(endReason(l))
 	}
 	for r := dropReason(0); r < numDropReasons; r++ {
 		droppedTotal[r] = droppedVec.WithLabelValues(r.String())

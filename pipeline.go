@@ -46,9 +46,10 @@ const (
 //   - apply runs in caddy's reload, stop in its shutdown or exit hook, and
 //     the flush in stop's goroutines once the workers are gone.
 //
-// mu guards the cache, windows, settling, buckets, reserved, rand, doubtful
-// and every field of every entry; it is never held across a request. The
-// queue, names and reporter lock themselves; the atomics need no lock.
+// mu guards the cache, windows, settling, buckets, reserved, rand, doubtful,
+// quiet, ends and every field of every entry; it is never held across a
+// request. The queue, names and reporter lock themselves; the atomics need
+// no lock.
 type pipeline struct {
 	clock  clock.WithTicker
 	levels atomic.Uint32 // levelSet
@@ -63,10 +64,18 @@ type pipeline struct {
 	// settling holds evicted entries whose latest write got no answer: one
 	// more write tells what the API holds. At most cacheSize of them.
 	settling map[*entry]struct{}
-	buckets  [numLevels]*rate.Limiter // one per reason: a flood of one level cannot starve another
-	reserved [numLevels]int           // requests in flight, each holding a token it may still spend
-	rand     *rand.Rand               // backoff jitter
-	doubtful int64                    // lines dropped whose latest write may have landed unanswered
+	// One bucket per reason, so that a flood of one level cannot starve
+	// another, and one more, endBucket, for the events that say a storm
+	// ended: a storm cannot starve its end, nor ends a level.
+	buckets  [numBuckets]*rate.Limiter
+	reserved [numBuckets]int // requests in flight, each holding a token it may still spend
+	rand     *rand.Rand      // backoff jitter
+	doubtful int64           // lines dropped whose latest write may have landed unanswered
+	// quiet is how long a storm has had no new line when its end is said;
+	// 0: never. ends holds the end events decided and not yet written,
+	// at most cacheSize of them (end.go).
+	quiet time.Duration
+	ends  map[*entry]struct{}
 
 	queue    workqueue.TypedDelayingInterface[*entry]
 	names    *eventNames
@@ -96,6 +105,7 @@ func newPipeline(cfg config, client kubernetes.Interface, pod *podIdentity, clk 
 		pod:            pod,
 		windows:        map[windowKey]*window{},
 		settling:       map[*entry]struct{}{},
+		ends:           map[*entry]struct{}{},
 		rand:           rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		queue:          workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[*entry]{Clock: clk}),
 		names:          newEventNames(),
@@ -131,6 +141,8 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 	}
 	p.cacheSize = cfg.cacheSize
 	p.cache.Resize(cfg.cacheSize)
+	quieter := cfg.quiet > 0 && (p.quiet == 0 || cfg.quiet < p.quiet)
+	p.quiet = cfg.quiet
 	for e := range p.settling {
 		if len(p.settling) <= p.cacheSize {
 			break
@@ -146,6 +158,13 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 		if e.pending() > 0 && !e.inflight && !e.retryAt.After(now) {
 			e.queued = true
 			due = append(due, e)
+		}
+	}
+	if quieter { // storms may have gone quiet by the new measure: look again
+		for _, e := range p.cache.Values() {
+			if !e.queued && !e.inflight && e.pending() == 0 && e.name != "" && isStorm(e.key, e.seen-e.base) {
+				due = append(due, e)
+			}
 		}
 	}
 	p.mu.Unlock()
@@ -205,6 +224,7 @@ func (p *pipeline) stop(timeout time.Duration) {
 		for _, e := range p.pendingEntries() {
 			p.drop(e, dropShutdown)
 		}
+		clear(p.ends) // they carry no lines: nothing to account for
 	})
 }
 
@@ -232,7 +252,7 @@ func (p *pipeline) pendingEntries() []*entry {
 // again every flushPause: only those that reach the API cost a token.
 func (p *pipeline) flush() {
 	p.mu.Lock()
-	todo := p.pendingEntries()
+	todo := append(p.pendingEntries(), p.endEntries()...)
 	p.mu.Unlock()
 
 	work := make(chan *entry)

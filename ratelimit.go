@@ -83,12 +83,31 @@ func (p *pipeline) sync(e *entry) {
 			wait = 0
 		}
 	}
+	if e.end != nil {
+		_, due := p.ends[e]
+		e.queued = due
+		p.mu.Unlock()
+		if due {
+			p.requeue(e, wait)
+		}
+		p.say(now, report)
+		return
+	}
 	if e.pending() > 0 && e.dropped == 0 && !e.queued {
 		e.queued = true
 		p.mu.Unlock()
 		p.requeue(e, wait)
 	} else {
+		// All written: a storm waits for its quiet. The entry is not
+		// marked queued, so that a new line hands it over at once.
+		quiet, end := p.watchQuiet(e, p.clock.Now())
 		p.mu.Unlock()
+		if quiet > 0 {
+			p.queue.AddAfter(e, quiet)
+		}
+		if end != nil {
+			p.queue.Add(end)
+		}
 	}
 	p.say(now, report)
 }
@@ -123,6 +142,9 @@ const (
 // outcome. It is called with p.mu held and releases it during the request.
 // It returns how long until e may be tried again, and an error to report.
 func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.Duration, error) {
+	if e.end != nil {
+		return p.attemptEnd(ctx, e)
+	}
 	if e.pending() == 0 || e.dropped > 0 {
 		return attemptNone, 0, nil
 	}

@@ -197,5 +197,13 @@ func parseInt(c *caddy.Controller, name, arg string, max int) (int, error) {
 }
 
 func (c config) String() string {
-	return fmt.Sprintf("level %s; rate %g %d %d", c.levels, c.qps, c.burst, c.cacheSize)
+	return fmt.Sprintf("level %s; rate %g %d %d; quiet %s", c.levels, c.qps, c.burst, c.cacheSize, quietString(c.quiet))
+}
+
+// quietString is a quiet value as the Corefile says it.
+func quietString(d time.Duration) string {
+	if d <= 0 {
+		return "off"
+	}
+	return d.String()
 }

@@ -224,6 +224,22 @@ func TestAddBlock(t *testing.T) {
 			expectedErrContent: []string{"rate 3 50 100", "rate 2 50 100"},
 		},
 		{
+			name:     "quiet in the second block only",
+			blocks:   []string{"k8s_event", "k8s_event {\nquiet 30s\n}"},
+			expected: config{levels: defaultLevels, qps: defaultQPS, burst: defaultBurst, cacheSize: defaultCacheSize, quiet: 30 * time.Second, quietSet: true},
+		},
+		{
+			name:     "quiet off in the first block only",
+			blocks:   []string{"k8s_event {\nquiet off\n}", "k8s_event"},
+			expected: config{levels: defaultLevels, qps: defaultQPS, burst: defaultBurst, cacheSize: defaultCacheSize, quiet: 0, quietSet: true},
+		},
+		{
+			name:               "two different quiet values",
+			blocks:             []string{"k8s_event {\nquiet 30s\n}", "k8s_event", "k8s_event {\nquiet off\n}"},
+			shouldErr:          true,
+			expectedErrContent: []string{"quiet off conflicts with quiet 30s"},
+		},
+		{
 			name:               "two different rates after a block without rate",
 			blocks:             []string{"k8s_event", "k8s_event {\nrate 2\n}", "k8s_event {\nrate 2 26\n}"},
 			shouldErr:          true,

@@ -72,7 +72,9 @@ func wantEnd(t *testing.T, end, storm corev1.Event) {
 	if end.InvolvedObject.Name != storm.InvolvedObject.Name || end.InvolvedObject.UID != storm.InvolvedObject.UID {
 		t.Errorf("end event about %s/%s, the storm's about %s/%s", end.InvolvedObject.Name, end.InvolvedObject.UID, storm.InvolvedObject.Name, storm.InvolvedObject.UID)
 	}
-	latest := strings.TrimPrefix(strings.TrimPrefix(storm.Message, "(combined from similar events): "), "plugin/errors: ")
+	// A combined event's message is "plugin/errors: (combined from similar
+	// events): LINE"; the end quotes LINE alone.
+	latest := strings.TrimPrefix(strings.TrimPrefix(storm.Message, "plugin/errors: "), "(combined from similar events): ")
 	want := fmt.Sprintf("plugin/errors: %d lines like %q from %s to %s, none since", storm.Count, latest,
 		storm.FirstTimestamp.UTC().Format(time.TimeOnly), storm.LastTimestamp.UTC().Format(time.TimeOnly))
 	if end.Message != want {
