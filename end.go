@@ -3,7 +3,6 @@ package k8s_event
 import (
 	"cmp"
 	"context"
-	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -98,16 +97,7 @@ func (p *pipeline) attemptEnd(ctx context.Context, e *entry) (attemptResult, tim
 	p.spend(endBucket, now, res.reached)
 	e.inflight = false
 	if res.lookup {
-		// The pod was read, or its lookup is due later: the create comes
-		// after, with a token of its own, as for lines.
-		e.retryAt, e.asked = now.Add(res.wait), now.Add(res.retryAfter)
-		switch {
-		case res.outcome == writeOK:
-			return attemptRedo, 0, nil
-		case errors.Is(res.err, errLookupPending):
-			return attemptFailed, res.wait, nil
-		}
-		return attemptFailed, res.wait, res.err
+		return afterLookup(e, res, now)
 	}
 	switch res.outcome {
 	case writeOK, writeExists: // written, or found written by an earlier try

@@ -129,6 +129,21 @@ func (p *pipeline) requeue(e *entry, wait time.Duration) {
 
 type attemptResult uint8
 
+// afterLookup books an attempt whose one request was the pod's read, or
+// whose read is due later: the create comes after, with a token of its
+// own. A pod read failed nothing of the entry; the lookup keeps its own
+// backoff. Called with p.mu held.
+func afterLookup(e *entry, res writeResult, now time.Time) (attemptResult, time.Duration, error) {
+	e.retryAt, e.asked = now.Add(res.wait), now.Add(res.retryAfter)
+	switch {
+	case res.outcome == writeOK:
+		return attemptRedo, 0, nil
+	case errors.Is(res.err, errLookupPending):
+		return attemptFailed, res.wait, nil
+	}
+	return attemptFailed, res.wait, res.err
+}
+
 const (
 	attemptNone      attemptResult = iota // nothing pending
 	attemptThrottled                      // no token
@@ -172,17 +187,7 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 	e.inflight = false
 	defer p.retire(e)
 	if res.lookup {
-		// The pod was read, or its lookup is due later: the create comes
-		// after, with a token of its own. A pod read failed nothing of
-		// this entry; the lookup keeps its own backoff.
-		e.retryAt, e.asked = now.Add(res.wait), now.Add(res.retryAfter)
-		switch {
-		case res.outcome == writeOK:
-			return attemptRedo, 0, nil
-		case errors.Is(res.err, errLookupPending):
-			return attemptFailed, res.wait, nil
-		}
-		return attemptFailed, res.wait, res.err
+		return afterLookup(e, res, now)
 	}
 	switch res.outcome {
 	case writeOK:
