@@ -169,3 +169,44 @@ func TestAdversaryUninstallKeepsEnvOrder(t *testing.T) {
 		t.Errorf("env after uninstall\n %s\nwant\n %s", got, want)
 	}
 }
+
+// The install takes every property the plugin takes: quiet is one
+// (README, setup.go), so --option "quiet 30s" must go through.
+func TestAdversaryInstallTakesQuiet(t *testing.T) {
+	c := fake.NewClientset(deployment(), configMap())
+	var out bytes.Buffer
+	if err := Install(context.Background(), c, Options{Image: image, Options: []string{"quiet 30s"}, Out: &out}); err != nil {
+		t.Errorf("--option \"quiet 30s\": %v", err)
+	}
+}
+
+// Install twice changes nothing the second time; install after uninstall
+// gives the same Deployment as the first install.
+func TestAdversaryInstallTwiceAndAfterUninstall(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(deployment(), configMap())
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	first := specJSON(get(t, c))
+	out.Reset()
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "has k8s_event already") || specJSON(get(t, c)) != first {
+		t.Errorf("second install changed something:\n%s", out.String())
+	}
+	if err := Uninstall(ctx, c, Options{Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if got := specJSON(get(t, c)); got != specJSON(deployment()) {
+		t.Errorf("after uninstall\n%s\nwant\n%s", got, specJSON(deployment()))
+	}
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if specJSON(get(t, c)) != first {
+		t.Errorf("install after uninstall differs from the first")
+	}
+}
