@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -65,6 +66,20 @@ func setup(c *caddy.Controller) error {
 		c.OnRestartFailed(inst.restartFailed)
 	}
 	return nil
+}
+
+// CheckOption reads one line of a k8s_event block (for example
+// "rate 10 20") as setup would, and returns the error setup would give it.
+// Install tooling uses it to refuse a line before any pod runs it.
+func CheckOption(line string) error {
+	_, err := parse(caddy.NewTestController("dns", "k8s_event {\n"+line+"\n}"))
+	if err != nil {
+		// Without the place in a Corefile, which this line has none of.
+		if _, msg, ok := strings.Cut(err.Error(), "Error during parsing: "); ok {
+			return errors.New(msg)
+		}
+	}
+	return err
 }
 
 // parse reads one server block's k8s_event stanza. It has no side effects.

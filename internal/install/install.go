@@ -17,7 +17,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	k8s_event "github.com/dnsops/k8s_event"
 	"io"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"slices"
 	"sort"
 	"strings"
@@ -260,24 +262,43 @@ func (t *target) current() original {
 	if r != nil && o.Volume.ConfigMap.Name == r.ConfigMap {
 		o.Volume = *r.Original.Volume.DeepCopy()
 	}
-	for _, e := range c.Env {
-		if !isOurEnv(e.Name) {
-			o.Env = append(o.Env, e)
-		}
+	if r == nil {
+		// Not installed: the environment is the original, whole and in
+		// order, even where it sets one of the four names itself.
+		o.Env = slices.Clone(c.Env)
+		return o
 	}
-	if r != nil {
-		// Variables of these names that were there before come back.
-		for _, e := range r.Original.Env {
-			if isOurEnv(e.Name) {
-				o.Env = append(o.Env, e)
-			}
+	live := notOurs(c.Env)
+	if equality.Semantic.DeepEqual(live, notOurs(r.Original.Env)) {
+		// Nobody changed the rest since the install: give it all back as
+		// it was, in its order.
+		o.Env = slices.Clone(r.Original.Env)
+		return o
+	}
+	// The rest was changed since: keep it as it is now, and bring back
+	// the variables of the four names that were there before.
+	o.Env = live
+	for _, e := range r.Original.Env {
+		if isOurEnv(e.Name) {
+			o.Env = append(o.Env, e)
 		}
 	}
 	return o
 }
 
+// notOurs is env without the variables k8s_event sets.
+func notOurs(env []corev1.EnvVar) []corev1.EnvVar {
+	var out []corev1.EnvVar
+	for _, e := range env {
+		if !isOurEnv(e.Name) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // checkOptions refuses k8s_event block lines that would keep CoreDNS from
-// starting, before any pod rolls: the plugin checks the values themselves.
+// starting, before any pod rolls, with the plugin's own parser.
 func checkOptions(lines []string) error {
 	seen := map[string]bool{}
 	for _, l := range lines {
@@ -289,22 +310,8 @@ func checkOptions(lines []string) error {
 			return fmt.Errorf("--option %q: %s given twice", l, f[0])
 		}
 		seen[f[0]] = true
-		switch f[0] {
-		case "level":
-			if len(f) == 1 {
-				return fmt.Errorf("--option %q: level needs at least one of debug, info, warning, error, fatal", l)
-			}
-			for _, v := range f[1:] {
-				if !slices.Contains([]string{"debug", "info", "warning", "error", "fatal"}, strings.ToLower(v)) {
-					return fmt.Errorf("--option %q: unknown level %q: want debug, info, warning, error or fatal", l, v)
-				}
-			}
-		case "rate":
-			if len(f) < 2 || len(f) > 4 {
-				return fmt.Errorf("--option %q: rate takes QPS [BURST [CACHESIZE]]", l)
-			}
-		default:
-			return fmt.Errorf("--option %q: unknown property %q: want level or rate", l, f[0])
+		if err := k8s_event.CheckOption(l); err != nil {
+			return fmt.Errorf("--option %q: %w", l, err)
 		}
 	}
 	return nil

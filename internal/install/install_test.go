@@ -232,8 +232,8 @@ func TestFindErrors(t *testing.T) {
 		{"two", []any{deployment(), other}, Options{Image: image}, `namespace "kube-system" has 2 CoreDNS Deployments (coredns, coredns-two): name one with --deployment`},
 		{"container", []any{deployment(), configMap()}, Options{Image: image, Container: "dns"}, `deployment kube-system/coredns: --container "dns": not among its containers [coredns]`},
 		{"image", []any{deployment()}, Options{}, "--image: empty: name the CoreDNS image with k8s_event"},
-		{"level", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"level info warn"}}, `--option "level info warn": unknown level "warn": want debug, info, warning, error or fatal`},
-		{"property", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"levels info"}}, `--option "levels info": unknown property "levels": want level or rate`},
+		{"level", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"level info warn"}}, `--option "level info warn": level must be one of debug, info, warning, error, fatal: "warn"`},
+		{"property", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"levels info"}}, `--option "levels info": unknown property "levels"`},
 		{"twice", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"level info", "level error"}}, `--option "level error": level given twice`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
