@@ -37,7 +37,7 @@ NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 # the node's binaries when NODE is set), building them first when missing.
 with_tools = tools_env=$$(hack/tools.sh env $(NODE)); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build build-check image release tools test test-unit test-faults test-e2e demo bench fuzz mutate clean
+.PHONY: all build build-check image release tools test test-unit test-faults test-e2e demo bench fuzz mutate mutate-contract clean
 
 all: build
 
@@ -127,16 +127,19 @@ fuzz:
 
 # mutate runs a mutation tester over the root package: each mutant is a
 # small change of the code that the unit tests must catch. Not part of
-# `make test`: it takes a while. MUTATE_EXCLUDE narrows it, e.g. to the
-# writer, accounting, shutdown and reload code:
-#   make mutate MUTATE_EXCLUDE='(shape|setup|metrics|event|hook)\.go$$'
+# `make test`: it takes a while. MUTATE_EXCLUDE narrows it; `make
+# mutate-contract` runs it over the files that keep the accounting contract
+# (account, correlator, ratelimit, pipeline, writer, end, k8s_event).
 GREMLINS_VERSION ?= v0.6.0
 MUTATE_EXCLUDE ?= $$^
 mutate:
 	mkdir -p bin
 	K8S_EVENT_FAULT_SEEDS=40 $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@$(GREMLINS_VERSION) unleash \
-		--timeout-coefficient 10 --workers 2 -E '^(test|hack|internal)/' -E '$(MUTATE_EXCLUDE)' \
+		--timeout-coefficient 10 --workers 2 -E '^(test|hack|internal|cmd|tools)/' -E '$(MUTATE_EXCLUDE)' \
 		--output bin/mutate.json . | tee bin/mutate.txt
+
+mutate-contract:
+	$(MAKE) mutate MUTATE_EXCLUDE='(^|/)(shape|setup|metrics|event|hook|format)\.go$$$$'
 
 clean:
 	rm -rf bin dist
