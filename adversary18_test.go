@@ -1,0 +1,150 @@
+package k8s_event
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// endsIn lists the end events the fake API holds.
+func endsIn(api *fakeAPI) []corev1.Event {
+	var out []corev1.Event
+	for _, e := range api.list() {
+		if strings.HasSuffix(e.Reason, "Ended") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// runQueue lets the work queue run for a while on the fake clock, in small
+// steps, as CoreDNS's writers would: only what the queue hands over is
+// written, nothing is woken by hand. It stops as soon as cond holds.
+func runQueue(p *pipeline, clk interface{ Step(time.Duration) }, step time.Duration, rounds int, cond func() bool) bool {
+	for range rounds {
+		clk.Step(step)
+		time.Sleep(5 * time.Millisecond) // the delaying queue moves due keys in a goroutine of its own
+		drain(p)
+		if cond() {
+			return true
+		}
+	}
+	return false
+}
+
+// TestAdv18ReloadShrinkKeepsEndsWithinCache: "At most CACHESIZE ends wait to
+// be written". A reload that shrinks the cache must leave at most the new
+// CACHESIZE ends waiting, as it does for the settling entries.
+func TestAdv18ReloadShrinkKeepsEndsWithinCache(t *testing.T) {
+	const quiet = time.Minute
+	cfg := quietConfig(100, 100, quiet)
+	cfg.cacheSize = 4
+	p, api, clk := newTestPipeline(t, cfg)
+	for i := range 4 { // four storms of their own, each one event of 12 lines
+		for range 12 {
+			p.observe(ln(levelWarning, fmt.Sprintf("p%d", i), "upstream unhealthy", clk.Now()))
+		}
+	}
+	drain(p)
+	var down atomic.Bool
+	api.setFault(func(apiRequest) fault { return fault{unsent: down.Load()} })
+	down.Store(true) // the API server is unreachable: the ends wait
+	clk.Step(quiet)
+	wake(p)
+	p.mu.Lock()
+	waiting := len(p.ends)
+	p.mu.Unlock()
+	if waiting != 4 {
+		t.Fatalf("%d ends waiting before the reload, want 4", waiting)
+	}
+
+	small := cfg
+	small.cacheSize = 1
+	p.apply(small, api.client)
+	p.mu.Lock()
+	waiting = len(p.ends)
+	p.mu.Unlock()
+	if waiting > small.cacheSize {
+		t.Errorf("%d ends waiting after a reload to CACHESIZE %d, want at most %d", waiting, small.cacheSize, small.cacheSize)
+	}
+	down.Store(false)
+	clk.Step(2 * retryMax)
+	wake(p)
+	if n := len(endsIn(api)); n > small.cacheSize {
+		t.Errorf("%d ends written after the API came back, more than the %d that may wait", n, small.cacheSize)
+	}
+}
+
+// TestAdv18ReloadRateWakesThrottledEnds: "events that waited for a token
+// are looked at again at once under the new rate". An end that waits for
+// a token of its bucket is an event too; after a reload to a high rate it
+// must go as soon as the new rate gives it a token, as a line event does.
+func TestAdv18ReloadRateWakesThrottledEnds(t *testing.T) {
+	const quiet = time.Minute
+	p, api, clk := newTestPipeline(t, quietConfig(1.0/3600, 1, quiet))
+	for range 12 { // two storms, one per level: each takes its level's only token
+		p.observe(ln(levelWarning, "errors", "upstream slow", clk.Now()))
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	drain(p)
+	clk.Step(quiet)
+	wake(p) // both end; the first end takes the end bucket's token, the second waits an hour
+	if n := len(endsIn(api)); n != 1 {
+		t.Fatalf("%d ends written with one token, want 1", n)
+	}
+	// A line event that waits for a token too: the warning bucket is empty.
+	p.observe(ln(levelWarning, "forward", "a lone line", clk.Now()))
+	drain(p)
+	if n := len(api.list()); n != 3 {
+		t.Fatalf("%d events before the reload, want 3", n)
+	}
+
+	p.apply(quietConfig(1000, 1, quiet), api.client)
+	lineWritten := func() bool {
+		for _, e := range api.list() {
+			if strings.Contains(e.Message, "a lone line") {
+				return true
+			}
+		}
+		return false
+	}
+	both := func() bool { return lineWritten() && len(endsIn(api)) == 2 }
+	runQueue(p, clk, 10*time.Millisecond, 200, both)
+	if !lineWritten() {
+		t.Fatalf("the line event that waited for a token was not written within 2s of the reload")
+	}
+	if n := len(endsIn(api)); n != 2 {
+		t.Errorf("%d ends written within 2s after a reload to 1000 QPS, want 2: the end that waited for a token still waits for the old rate's refill", n)
+	}
+}
+
+// TestAdv18QuietOffSaysNoMoreEnds: "A reload takes the new value at once:
+// `off` says no more ends". An end decided before a reload to `quiet off`
+// and not yet written must not be written after it.
+func TestAdv18QuietOffSaysNoMoreEnds(t *testing.T) {
+	const quiet = time.Minute
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
+	for range 12 {
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	drain(p)
+	var down atomic.Bool
+	api.setFault(func(apiRequest) fault { return fault{unsent: down.Load()} })
+	down.Store(true)
+	clk.Step(quiet)
+	wake(p) // the end is decided; its create cannot reach the API
+	if n := len(endsIn(api)); n != 0 {
+		t.Fatalf("%d ends written while the API was unreachable", n)
+	}
+	p.apply(quietConfig(100, 100, 0), api.client) // quiet off
+	down.Store(false)
+	clk.Step(2 * retryMax)
+	wake(p)
+	if ends := endsIn(api); len(ends) != 0 {
+		t.Errorf("%d ends written after a reload to quiet off: %q", len(ends), ends[0].Message)
+	}
+}
