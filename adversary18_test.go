@@ -1,13 +1,18 @@
 package k8s_event
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // endsIn lists the end events the fake API holds.
@@ -146,5 +151,74 @@ func TestAdv18QuietOffSaysNoMoreEnds(t *testing.T) {
 	wake(p)
 	if ends := endsIn(api); len(ends) != 0 {
 		t.Errorf("%d ends written after a reload to quiet off: %q", len(ends), ends[0].Message)
+	}
+}
+
+// TestAdv18NotDrainingCountsOnlyWritesThatCarryLines: the README's table
+// says CoreDNSEventsNotDraining fires when "lines were pending at every
+// scrape and no write carried any" for 30 minutes. An end event carries no
+// line (the accounting contract), yet its write, counted in writes_total
+// under CoreDNSErrorEnded, keeps the alert from firing: with a low QPS the
+// error bucket stays empty, lines stay pending for an hour, and the ends
+// of earlier storms, from a bucket of their own, hide that. Run with
+// PROMTOOL set (hack/tools.sh env sets it).
+func TestAdv18NotDrainingCountsOnlyWritesThatCarryLines(t *testing.T) {
+	promtool := os.Getenv("PROMTOOL")
+	if promtool == "" {
+		t.Skip("PROMTOOL is not set")
+	}
+	var rule struct {
+		Spec struct {
+			Groups []json.RawMessage `json:"groups"`
+		} `json:"spec"`
+	}
+	b, err := os.ReadFile("deploy/monitoring/prometheusrule.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &rule); err != nil {
+		t.Fatal(err)
+	}
+	groups, err := yaml.Marshal(map[string]any{"groups": rule.Spec.Groups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), groups, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// An end written every 5 minutes, none of the lines.
+	var ends []string
+	for i := range 81 {
+		ends = append(ends, fmt.Sprint(i/5))
+	}
+	tests := `rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+- name: lines pending, only ends written
+  interval: 1m
+  input_series:
+  - series: 'coredns_k8s_event_pending_lines{namespace="kube-system",pod="coredns-e"}'
+    values: '40x80'
+  - series: 'coredns_k8s_event_writes_total{namespace="kube-system",pod="coredns-e",reason="CoreDNSError",verb="create"}'
+    values: '25x80'
+  - series: 'coredns_k8s_event_writes_total{namespace="kube-system",pod="coredns-e",reason="CoreDNSErrorEnded",verb="create"}'
+    values: '` + strings.Join(ends, " ") + `'
+  alert_rule_test:
+  - eval_time: 40m
+    alertname: CoreDNSEventsNotDraining
+    exp_alerts:
+    - exp_labels: {severity: info, namespace: kube-system, pod: coredns-e}
+      exp_annotations:
+        summary: "CoreDNS coredns-e has log lines waiting to become events for 30 minutes"
+        description: "CoreDNS coredns-e in kube-system has had lines pending, and written no event, for 30 minutes."
+        runbook_url: "https://github.com/dnsops/k8s_event/blob/main/README.md#corednseventsnotdraining"
+`
+	if err := os.WriteFile(filepath.Join(dir, "tests.yaml"), []byte(tests), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(t.Context(), promtool, "test", "rules", filepath.Join(dir, "tests.yaml")).CombinedOutput()
+	if err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
 	}
 }
