@@ -222,3 +222,42 @@ tests:
 		t.Errorf("promtool test rules: %v\n%s", err, out)
 	}
 }
+
+// TestAdv18LineHandedOffBeforeQuietEndsNoStorm: a storm ends after "QUIET
+// without a new line". A line logged 1 ms before the quiet elapsed, handed
+// off by the listener (and so counted in lines_total) but not yet taken by
+// the correlator when a writer's quiet timer fires, must keep the storm
+// going. The writer looks only at the cache, decides the end, and the line
+// then starts a new object: the end says the storm of 12 lines stopped at
+// its last line, "none since", while a 13th came within QUIET.
+func TestAdv18LineHandedOffBeforeQuietEndsNoStorm(t *testing.T) {
+	const quiet = time.Minute
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
+	for range 12 {
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	drain(p)
+	clk.Step(quiet - time.Millisecond)
+	p.lines <- ln(levelError, "errors", "upstream unhealthy", clk.Now()) // the listener's hand-off
+	clk.Step(time.Millisecond)
+	p.mu.Lock()
+	storms := p.cache.Values()
+	p.mu.Unlock()
+	for _, e := range storms { // the writer whose quiet timer fired
+		p.sync(e)
+	}
+	p.observe(<-p.lines) // the correlator takes the line
+	drain(p)
+	for _, end := range endsIn(api) {
+		t.Errorf("end said although a line came %v before the quiet elapsed: %q", time.Millisecond, end.Message)
+	}
+	var objects []string
+	for _, e := range api.list() {
+		if e.Reason == "CoreDNSError" {
+			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
+		}
+	}
+	if len(objects) != 1 {
+		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
+	}
+}
