@@ -12,6 +12,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
 
@@ -259,5 +261,45 @@ func TestAdv18LineHandedOffBeforeQuietEndsNoStorm(t *testing.T) {
 	}
 	if len(objects) != 1 {
 		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
+	}
+}
+
+// TestAdv18ProductionClientLimitsTheFlush: "Ends still unwritten at
+// shutdown are written in the flush if their bucket has a token". The
+// fake API's client turns client-go's own rate limiter off (QPS -1); the
+// client CoreDNS's kubeapi plugin builds (rest.InClusterConfig or a
+// kubeconfig, QPS left 0) gets client-go's default, 5 requests a second
+// with a burst of 10, shared by every bucket. With such a client, 40 ends
+// whose bucket holds 100 tokens are not all written in a flush of 2 s:
+// client-go lets about 10 + 5 x 2 through, and the rest are dropped.
+func TestAdv18ProductionClientLimitsTheFlush(t *testing.T) {
+	const quiet, storms = time.Minute, 40
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
+	for i := range storms {
+		for range 12 {
+			p.observe(ln(levelWarning, fmt.Sprintf("p%d", i), "upstream unhealthy", clk.Now()))
+		}
+	}
+	drain(p)
+	var down atomic.Bool
+	api.setFault(func(apiRequest) fault { return fault{unsent: down.Load()} })
+	down.Store(true) // the ends are decided while the API server is away
+	clk.Step(quiet)
+	wake(p)
+	if n := len(endsIn(api)); n != 0 {
+		t.Fatalf("%d ends written while the API server was away", n)
+	}
+	// The API server is back, and CoreDNS shuts down: the flush writes the
+	// ends with the client kubeapi gives, client-go's defaults.
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: api.srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prod kubernetes.Interface = cs
+	p.client.Store(&prod)
+	p.stop(2 * time.Second)
+	if n := len(endsIn(api)); n != storms {
+		t.Errorf("%d of %d ends written in the flush with the end bucket full; client-go's default limiter (%v QPS, burst %d) held the rest back",
+			n, storms, rest.DefaultQPS, rest.DefaultBurst)
 	}
 }
