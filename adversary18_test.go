@@ -303,3 +303,36 @@ func TestAdv18ProductionClientLimitsTheFlush(t *testing.T) {
 			n, storms, rest.DefaultQPS, rest.DefaultBurst)
 	}
 }
+
+// TestAdv18SteadyStormIsNotSaidToEnd: "When one plugin logs more than 10
+// distinct lines at one level within 10 minutes ..., every further new
+// line of that plugin and level joins the combined event of its shape",
+// and a storm ends after QUIET "without a new line". A storm of one
+// distinct line a minute, one shape, never stops: from its 11th line on,
+// every line has more than 10 distinct lines of its plugin within the 10
+// minutes before it. The correlator's window restarts after 10 minutes
+// instead, so the next 10 lines become events of their own, the combined
+// event gets no line for 11 minutes, and with the default quiet of 5m it
+// is said to have ended ("1 line like ..., none since") at minute 15 while
+// a line of its shape still comes every minute.
+func TestAdv18SteadyStormIsNotSaidToEnd(t *testing.T) {
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, defaultQuiet))
+	for i := range 40 {
+		logStorm(p, levelError, i, 1, clk.Now())
+		wake(p)
+		if ends := endsIn(api); len(ends) > 0 {
+			t.Errorf("minute %d: an end is said while a line of the storm's shape comes every minute: %q", i, ends[0].Message)
+			break
+		}
+		clk.Step(time.Minute)
+	}
+	own := 0
+	for _, e := range api.list() {
+		if e.Reason == "CoreDNSError" && !strings.Contains(e.Message, combinedPrefix) {
+			own++
+		}
+	}
+	if own > combineAfter {
+		t.Errorf("%d lines of the storm are events of their own, want the first %d only", own, combineAfter)
+	}
+}
