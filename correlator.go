@@ -6,9 +6,10 @@ import (
 )
 
 const (
-	// combineAfter distinct lines of one plugin and level within combineWindow
-	// make every further new line of that plugin and level part of a
-	// combined event, so that per-query errors cannot create an object each.
+	// combineAfter distinct lines of one plugin and level, each within
+	// combineWindow of the one before, make every further new line of that
+	// plugin and level part of a combined event, so that per-query errors
+	// cannot create an object each.
 	combineAfter  = 10
 	combineWindow = 10 * time.Minute
 	maxWindows    = 1024
@@ -63,8 +64,12 @@ type windowKey struct {
 	plugin string
 }
 
+// window counts the distinct lines of one plugin and level. As client-go's
+// aggregator does, it lasts as long as each new line comes within
+// combineWindow of the one before: a storm that goes on at one line a
+// minute stays combined.
 type window struct {
-	start    time.Time
+	last     time.Time // of the latest distinct line
 	distinct int
 	shapes   map[uint64]struct{} // of its combined events, at most maxShapes
 }
@@ -135,6 +140,9 @@ func (p *pipeline) observe(ln line) {
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
+	if ln.at.After(p.observed) {
+		p.observed = ln.at
+	}
 	add := !e.queued
 	e.queued = true
 	p.mu.Unlock()
@@ -156,11 +164,14 @@ func (p *pipeline) window(ln line) *window {
 		if len(p.windows) >= maxWindows {
 			clear(p.windows)
 		}
-		w = &window{start: ln.at}
+		w = &window{last: ln.at}
 		p.windows[wk] = w
 	}
-	if ln.at.Sub(w.start) > combineWindow {
-		w.start, w.distinct, w.shapes = ln.at, 0, nil
+	if ln.at.Sub(w.last) > combineWindow {
+		w.distinct, w.shapes = 0, nil
+	}
+	if ln.at.After(w.last) {
+		w.last = ln.at
 	}
 	w.distinct++
 	return w

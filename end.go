@@ -44,8 +44,14 @@ func (p *pipeline) watchQuiet(e *entry, now time.Time) (time.Duration, *entry) {
 	if !isStorm(e.key, count) {
 		return 0, nil
 	}
-	if wait := e.last.Add(p.quiet).Sub(now); wait > 0 {
+	due := e.last.Add(p.quiet)
+	if wait := due.Sub(now); wait > 0 {
 		return wait, nil
+	}
+	if len(p.lines) > 0 && p.observed.Before(due) {
+		// Lines logged before the quiet was up may still be on their way
+		// from the listener: look again once the correlator took them.
+		return handOffWait, nil
 	}
 	var end *entry
 	if len(p.ends) < p.cacheSize {
@@ -58,6 +64,30 @@ func (p *pipeline) watchQuiet(e *entry, now time.Time) (time.Duration, *entry) {
 	// The storm is over: its next line starts a new object and a new count.
 	e.base, e.name, e.first = e.seen, "", time.Time{}
 	return 0, end
+}
+
+// handOffWait is how long an end waits for the correlator to take the
+// lines handed off before it; the correlator takes them in batches of at
+// most batchPause.
+const handOffWait = 10 * batchPause
+
+// trimEnds applies quiet and the cache size to the ends not written yet: a
+// reload to quiet off says no more ends, one that shrinks the cache keeps
+// the oldest CACHESIZE. An end whose write is in flight is left to it.
+// Called with p.mu held.
+func (p *pipeline) trimEnds() {
+	keep := p.cacheSize
+	if p.quiet <= 0 {
+		keep = 0
+	}
+	if len(p.ends) <= keep {
+		return
+	}
+	for i, e := range p.endEntries() {
+		if i >= keep && !e.inflight {
+			delete(p.ends, e)
+		}
+	}
 }
 
 // endEntries lists the ends not written yet, oldest first. Called with

@@ -95,8 +95,7 @@ func startFakeAPI(clk clock.PassiveClock) (*fakeAPI, error) {
 	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, sent: map[int]sentRequest{}, closing: make(chan struct{})}
 	api.srv = httptest.NewServer(http.HandlerFunc(api.serve))
 	cfg := &rest.Config{
-		Host: api.srv.URL,
-		QPS:  -1, // no client-side limit: the plugin's buckets are under test
+		Host: api.srv.URL, // client-go's defaults, as kubeapi leaves them: QPS 5, burst 10
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
 			return roundTripper(func(req *http.Request) (*http.Response, error) {
 				seq, f := api.decide(req)

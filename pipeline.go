@@ -76,6 +76,10 @@ type pipeline struct {
 	// at most cacheSize of them (end.go).
 	quiet time.Duration
 	ends  map[*entry]struct{}
+	// observed is the time of the latest line the correlator took: a storm
+	// is not said to end while lines of before its quiet may still be on
+	// their way from the listener.
+	observed time.Time
 
 	queue    workqueue.TypedDelayingInterface[*entry]
 	names    *eventNames
@@ -153,10 +157,16 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 		delete(p.settling, e)
 		p.drop(e, dropEvicted)
 	}
+	p.trimEnds()
 	var due []*entry
 	for _, e := range p.pendingEntries() { // the settling ones too
 		if e.pending() > 0 && !e.inflight && !e.retryAt.After(now) {
 			e.queued = true
+			due = append(due, e)
+		}
+	}
+	for e := range p.ends { // ends waiting for a token, too
+		if !e.inflight && !e.retryAt.After(now) {
 			due = append(due, e)
 		}
 	}

@@ -132,13 +132,15 @@ func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernet
 }
 
 // send makes exactly one HTTP request, without client-go's retries on
-// Retry-After answers (a retry is a request, and takes its own token), and
-// tells whether it reached the API: whether its headers were written to a
+// Retry-After answers (a retry is a request, and takes its own token) and
+// without the client's own rate limiter (5 requests a second by default, for
+// all reasons together): the buckets are the limit. It tells whether the
+// request reached the API: whether its headers were written to a
 // connection. A request that could not connect did not.
 func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached bool, err error) {
 	var wrote atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
-	res := req.MaxRetries(0).Do(ctx)
+	res := req.MaxRetries(0).Throttle(nil).Do(ctx)
 	if into != nil {
 		err = res.Into(into)
 	} else {

@@ -1,11 +1,7 @@
 package k8s_event
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/yaml"
 )
 
 // endsIn lists the end events the fake API holds.
@@ -43,10 +38,10 @@ func runQueue(p *pipeline, clk interface{ Step(time.Duration) }, step time.Durat
 	return false
 }
 
-// TestAdv18ReloadShrinkKeepsEndsWithinCache: "At most CACHESIZE ends wait to
+// TestEndsReloadShrinkKeepsEndsWithinCache: "At most CACHESIZE ends wait to
 // be written". A reload that shrinks the cache must leave at most the new
 // CACHESIZE ends waiting, as it does for the settling entries.
-func TestAdv18ReloadShrinkKeepsEndsWithinCache(t *testing.T) {
+func TestEndsReloadShrinkKeepsEndsWithinCache(t *testing.T) {
 	const quiet = time.Minute
 	cfg := quietConfig(100, 100, quiet)
 	cfg.cacheSize = 4
@@ -86,11 +81,11 @@ func TestAdv18ReloadShrinkKeepsEndsWithinCache(t *testing.T) {
 	}
 }
 
-// TestAdv18ReloadRateWakesThrottledEnds: "events that waited for a token
+// TestEndsReloadRateWakesThrottledEnds: "events that waited for a token
 // are looked at again at once under the new rate". An end that waits for
 // a token of its bucket is an event too; after a reload to a high rate it
 // must go as soon as the new rate gives it a token, as a line event does.
-func TestAdv18ReloadRateWakesThrottledEnds(t *testing.T) {
+func TestEndsReloadRateWakesThrottledEnds(t *testing.T) {
 	const quiet = time.Minute
 	p, api, clk := newTestPipeline(t, quietConfig(1.0/3600, 1, quiet))
 	for range 12 { // two storms, one per level: each takes its level's only token
@@ -129,10 +124,10 @@ func TestAdv18ReloadRateWakesThrottledEnds(t *testing.T) {
 	}
 }
 
-// TestAdv18QuietOffSaysNoMoreEnds: "A reload takes the new value at once:
+// TestEndsQuietOffSaysNoMoreEnds: "A reload takes the new value at once:
 // `off` says no more ends". An end decided before a reload to `quiet off`
 // and not yet written must not be written after it.
-func TestAdv18QuietOffSaysNoMoreEnds(t *testing.T) {
+func TestEndsQuietOffSaysNoMoreEnds(t *testing.T) {
 	const quiet = time.Minute
 	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
 	for range 12 {
@@ -156,83 +151,14 @@ func TestAdv18QuietOffSaysNoMoreEnds(t *testing.T) {
 	}
 }
 
-// TestAdv18NotDrainingCountsOnlyWritesThatCarryLines: the README's table
-// says CoreDNSEventsNotDraining fires when "lines were pending at every
-// scrape and no write carried any" for 30 minutes. An end event carries no
-// line (the accounting contract), yet its write, counted in writes_total
-// under CoreDNSErrorEnded, keeps the alert from firing: with a low QPS the
-// error bucket stays empty, lines stay pending for an hour, and the ends
-// of earlier storms, from a bucket of their own, hide that. Run with
-// PROMTOOL set (hack/tools.sh env sets it).
-func TestAdv18NotDrainingCountsOnlyWritesThatCarryLines(t *testing.T) {
-	promtool := os.Getenv("PROMTOOL")
-	if promtool == "" {
-		t.Skip("PROMTOOL is not set")
-	}
-	var rule struct {
-		Spec struct {
-			Groups []json.RawMessage `json:"groups"`
-		} `json:"spec"`
-	}
-	b, err := os.ReadFile("deploy/monitoring/prometheusrule.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(b, &rule); err != nil {
-		t.Fatal(err)
-	}
-	groups, err := yaml.Marshal(map[string]any{"groups": rule.Spec.Groups})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), groups, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// An end written every 5 minutes, none of the lines.
-	var ends []string
-	for i := range 81 {
-		ends = append(ends, fmt.Sprint(i/5))
-	}
-	tests := `rule_files: [rules.yaml]
-evaluation_interval: 1m
-tests:
-- name: lines pending, only ends written
-  interval: 1m
-  input_series:
-  - series: 'coredns_k8s_event_pending_lines{namespace="kube-system",pod="coredns-e"}'
-    values: '40x80'
-  - series: 'coredns_k8s_event_writes_total{namespace="kube-system",pod="coredns-e",reason="CoreDNSError",verb="create"}'
-    values: '25x80'
-  - series: 'coredns_k8s_event_writes_total{namespace="kube-system",pod="coredns-e",reason="CoreDNSErrorEnded",verb="create"}'
-    values: '` + strings.Join(ends, " ") + `'
-  alert_rule_test:
-  - eval_time: 40m
-    alertname: CoreDNSEventsNotDraining
-    exp_alerts:
-    - exp_labels: {severity: info, namespace: kube-system, pod: coredns-e}
-      exp_annotations:
-        summary: "CoreDNS coredns-e has log lines waiting to become events for 30 minutes"
-        description: "CoreDNS coredns-e in kube-system has had lines pending, and written no event, for 30 minutes."
-        runbook_url: "https://github.com/dnsops/k8s_event/blob/main/README.md#corednseventsnotdraining"
-`
-	if err := os.WriteFile(filepath.Join(dir, "tests.yaml"), []byte(tests), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.CommandContext(t.Context(), promtool, "test", "rules", filepath.Join(dir, "tests.yaml")).CombinedOutput()
-	if err != nil {
-		t.Errorf("promtool test rules: %v\n%s", err, out)
-	}
-}
-
-// TestAdv18LineHandedOffBeforeQuietEndsNoStorm: a storm ends after "QUIET
+// TestEndsLineHandedOffBeforeQuietEndsNoStorm: a storm ends after "QUIET
 // without a new line". A line logged 1 ms before the quiet elapsed, handed
 // off by the listener (and so counted in lines_total) but not yet taken by
 // the correlator when a writer's quiet timer fires, must keep the storm
 // going. The writer looks only at the cache, decides the end, and the line
 // then starts a new object: the end says the storm of 12 lines stopped at
 // its last line, "none since", while a 13th came within QUIET.
-func TestAdv18LineHandedOffBeforeQuietEndsNoStorm(t *testing.T) {
+func TestEndsLineHandedOffBeforeQuietEndsNoStorm(t *testing.T) {
 	const quiet = time.Minute
 	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
 	for range 12 {
@@ -264,15 +190,14 @@ func TestAdv18LineHandedOffBeforeQuietEndsNoStorm(t *testing.T) {
 	}
 }
 
-// TestAdv18ProductionClientLimitsTheFlush: "Ends still unwritten at
-// shutdown are written in the flush if their bucket has a token". The
-// fake API's client turns client-go's own rate limiter off (QPS -1); the
-// client CoreDNS's kubeapi plugin builds (rest.InClusterConfig or a
-// kubeconfig, QPS left 0) gets client-go's default, 5 requests a second
-// with a burst of 10, shared by every bucket. With such a client, 40 ends
-// whose bucket holds 100 tokens are not all written in a flush of 2 s:
-// client-go lets about 10 + 5 x 2 through, and the rest are dropped.
-func TestAdv18ProductionClientLimitsTheFlush(t *testing.T) {
+// TestClientLimiterDoesNotHoldTheFlush: "Ends still unwritten at shutdown
+// are written in the flush if their bucket has a token". The client
+// CoreDNS's kubeapi plugin builds (rest.InClusterConfig or a kubeconfig,
+// QPS left 0) gets client-go's default limiter, 5 requests a second with a
+// burst of 10, shared by every bucket: it would let about 10 + 5 x 2 of 40
+// ends whose bucket holds 100 tokens through a flush of 2 s. The buckets
+// are the limit, so the client's is not used.
+func TestClientLimiterDoesNotHoldTheFlush(t *testing.T) {
 	const quiet, storms = time.Minute, 40
 	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
 	for i := range storms {
@@ -304,7 +229,7 @@ func TestAdv18ProductionClientLimitsTheFlush(t *testing.T) {
 	}
 }
 
-// TestAdv18SteadyStormIsNotSaidToEnd: "When one plugin logs more than 10
+// TestSteadyStormIsNotSaidToEnd: "When one plugin logs more than 10
 // distinct lines at one level within 10 minutes ..., every further new
 // line of that plugin and level joins the combined event of its shape",
 // and a storm ends after QUIET "without a new line". A storm of one
@@ -315,7 +240,7 @@ func TestAdv18ProductionClientLimitsTheFlush(t *testing.T) {
 // event gets no line for 11 minutes, and with the default quiet of 5m it
 // is said to have ended ("1 line like ..., none since") at minute 15 while
 // a line of its shape still comes every minute.
-func TestAdv18SteadyStormIsNotSaidToEnd(t *testing.T) {
+func TestSteadyStormIsNotSaidToEnd(t *testing.T) {
 	p, api, clk := newTestPipeline(t, quietConfig(100, 100, defaultQuiet))
 	for i := range 40 {
 		logStorm(p, levelError, i, 1, clk.Now())
