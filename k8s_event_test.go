@@ -206,7 +206,7 @@ func TestUIDLookedUpWhenMissing(t *testing.T) {
 }
 
 // TestUIDLookupRetried: a pod read that fails for a cause that may pass
-// (503, 429) is tried again, and the event then carries the UID; one the
+// (500, 503, 408, 429) is tried again, and the event then carries the UID; one the
 // API answers for good (403, 400, 410, 422) is given up, and events go
 // without it.
 func TestUIDLookupRetried(t *testing.T) {
@@ -214,7 +214,8 @@ func TestUIDLookupRetried(t *testing.T) {
 		code    int
 		wantUID types.UID
 	}{
-		{http.StatusServiceUnavailable, corev1Pod.UID}, {http.StatusTooManyRequests, corev1Pod.UID},
+		{http.StatusInternalServerError, corev1Pod.UID}, {http.StatusServiceUnavailable, corev1Pod.UID},
+		{http.StatusRequestTimeout, corev1Pod.UID}, {http.StatusTooManyRequests, corev1Pod.UID},
 		{http.StatusForbidden, ""}, {http.StatusBadRequest, ""}, {http.StatusGone, ""}, {http.StatusUnprocessableEntity, ""},
 	} {
 		clk := clocktesting.NewFakeClock(epoch)
