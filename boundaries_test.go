@@ -176,3 +176,55 @@ func TestStartupTakesKubeapiClient(t *testing.T) {
 
 //go:linkname registerHandler github.com/coredns/coredns/core/dnsserver.(*Config).registerHandler
 func registerHandler(*dnsserver.Config, plugin.Handler)
+
+// TestShrinkTrimsSettlingToTheNewSize: a reload that shrinks the cache
+// drops settling events until they fit the new size, and no more.
+func TestShrinkTrimsSettlingToTheNewSize(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 3))
+	p.writeTimeout = 50 * time.Millisecond
+	api.setFault(func(apiRequest) fault { return fault{hang: true} })
+	for _, m := range []string{"a", "b", "c"} {
+		p.observe(ln(levelError, "errors", m, clk.Now()))
+	}
+	drain(p) // three creates unanswered
+	api.setFault(func(apiRequest) fault { return fault{} })
+	for _, m := range []string{"d", "e", "f"} {
+		p.observe(ln(levelError, "errors", m, clk.Now())) // a, b and c are evicted, settling
+	}
+	p.mu.Lock()
+	settling := len(p.settling)
+	p.mu.Unlock()
+	if settling != 3 {
+		t.Fatalf("%d settling, want 3", settling)
+	}
+	p.apply(testConfig(all, 100, 100, 2), api.client)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.settling) != 2 {
+		t.Errorf("%d settling after a reload to a cache of 2, want 2", len(p.settling))
+	}
+}
+
+// TestDoubtOfDroppedLines: lines dropped while the latest write of their
+// event got no answer may be in the API: doubtful counts those the write
+// carried beyond what an answered write did, no more and no fewer.
+func TestDoubtOfDroppedLines(t *testing.T) {
+	p, _, _ := newTestPipeline(t, testConfig(all, 100, 100, 4))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, tt := range []struct {
+		seen, carried, doubt, want int64
+	}{
+		{seen: 6, carried: 1, doubt: 4, want: 3}, // the unanswered write carried lines 2 to 4
+		{seen: 6, carried: 2, doubt: 0, want: 0}, // every write answered
+		{seen: 3, carried: 1, doubt: 6, want: 2}, // no more than were pending
+	} {
+		e := &entry{tally: tally{seen: tt.seen, carried: tt.carried}, doubt: tt.doubt}
+		pendingLines.Add(float64(e.pending()))
+		before := p.doubtful
+		p.drop(e, dropEvicted)
+		if got := p.doubtful - before; got != tt.want {
+			t.Errorf("seen %d, carried %d, doubt %d: doubtful rose by %d, want %d", tt.seen, tt.carried, tt.doubt, got, tt.want)
+		}
+	}
+}

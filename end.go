@@ -111,21 +111,12 @@ func (p *pipeline) attemptEnd(ctx context.Context, e *entry) (attemptResult, tim
 		return attemptNone, 0, nil
 	}
 	l := e.key.level
-	now := p.clock.Now()
-	if wait, ok := p.reserve(endBucket, now); !ok {
+	spec := writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at, last: e.end.at, tried: e.tried, end: true}
+	res, now, wait, ok := p.request(ctx, e, endBucket, spec)
+	if !ok {
 		throttledEnd[l].Inc()
 		return attemptThrottled, wait, nil
 	}
-	spec := writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at, last: e.end.at, tried: e.tried, end: true}
-	e.inflight = true
-	p.mu.Unlock()
-
-	res := p.write(ctx, spec, true)
-
-	p.mu.Lock()
-	now = p.clock.Now()
-	p.spend(endBucket, now, res.reached)
-	e.inflight = false
 	if res.lookup {
 		return afterLookup(e, res, now)
 	}

@@ -153,6 +153,27 @@ const (
 	attemptFailed                         // failed: backing off
 )
 
+// request makes one write of e, as spec says, with a token of bucket b:
+// ok is false, with the wait for a token, when the bucket has none. It is
+// called with p.mu held and releases it during the request; now is the
+// time the answer came.
+func (p *pipeline) request(ctx context.Context, e *entry, b level, spec writeSpec) (res writeResult, now time.Time, wait time.Duration, ok bool) {
+	now = p.clock.Now()
+	if wait, ok := p.reserve(b, now); !ok {
+		return writeResult{}, now, wait, false
+	}
+	e.inflight = true
+	p.mu.Unlock()
+
+	res = p.write(ctx, spec, true)
+
+	p.mu.Lock()
+	now = p.clock.Now()
+	p.spend(b, now, res.reached)
+	e.inflight = false
+	return res, now, 0, true
+}
+
 // attempt makes one write of e if its bucket has a token, and books the
 // outcome. It is called with p.mu held and releases it during the request.
 // It returns how long until e may be tried again, and an error to report.
@@ -164,11 +185,6 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 		return attemptNone, 0, nil
 	}
 	l := e.key.level
-	now := p.clock.Now()
-	if wait, ok := p.reserve(l, now); !ok {
-		throttled[l].Inc()
-		return attemptThrottled, wait, nil
-	}
 	// An event's count is an int32: lines past it go to a new object.
 	count := e.seen - e.base
 	full := count >= math.MaxInt32
@@ -176,15 +192,11 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 		count = math.MaxInt32
 	}
 	spec := writeSpec{key: e.key, message: e.message, count: count, first: e.first, last: e.last, name: e.name, tried: e.tried}
-	e.inflight = true
-	p.mu.Unlock()
-
-	res := p.write(ctx, spec, true)
-
-	p.mu.Lock()
-	now = p.clock.Now()
-	p.spend(l, now, res.reached)
-	e.inflight = false
+	res, now, wait, ok := p.request(ctx, e, l, spec)
+	if !ok {
+		throttled[l].Inc()
+		return attemptThrottled, wait, nil
+	}
 	defer p.retire(e)
 	if res.lookup {
 		return afterLookup(e, res, now)
