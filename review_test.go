@@ -2,9 +2,14 @@ package k8s_event
 
 import (
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // holdFirstCreate makes the first create the fake API sees wait until
@@ -191,6 +196,101 @@ func TestReviewLineTakenNotYetFoldedEndsStorm(t *testing.T) {
 	drain(p)
 	for _, e := range endsIn(api) {
 		t.Errorf("end said although a line logged %v before the quiet was up was in the hand-off: %q", time.Millisecond, e.Message)
+	}
+	var objects []string
+	for _, e := range api.list() {
+		if e.Reason == "CoreDNSError" {
+			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
+		}
+	}
+	if len(objects) != 1 {
+		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
+	}
+}
+
+// listenerClock is a fake clock that, once armed, holds the listener
+// between its reading of the time and its hand-off of the line: the line
+// is logged at the time read, and on its way to the correlator.
+type listenerClock struct {
+	*clocktesting.FakeClock
+	armed        atomic.Bool
+	read, resume chan struct{}
+}
+
+func (c *listenerClock) Now() time.Time {
+	now := c.FakeClock.Now()
+	if c.armed.Load() && calledFromTake() && c.armed.CompareAndSwap(true, false) {
+		close(c.read)
+		<-c.resume
+	}
+	return now
+}
+
+func calledFromTake() bool {
+	pcs := make([]uintptr, 16)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	for {
+		f, more := frames.Next()
+		if strings.HasSuffix(f.Function, "(*pipeline).take") {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+// TestReviewLineLoggedBeforeQuietInListenerEndsStorm: "lines logged before
+// that and still on their way to the correlator ... are waited for". A
+// line logged 1 ms before the quiet was up, whose listener has read the
+// time and not yet put the line on the hand-off queue when the writer's
+// quiet timer fires: the queue is empty, the end is decided ("none
+// since"), and the line then starts a second object.
+func TestReviewLineLoggedBeforeQuietInListenerEndsStorm(t *testing.T) {
+	const quiet = time.Minute
+	clk := &listenerClock{FakeClock: clocktesting.NewFakeClock(epoch), read: make(chan struct{}), resume: make(chan struct{})}
+	api := newFakeAPI(t, clk.FakeClock)
+	p := newPipeline(quietConfig(100, 100, quiet), api.client, testPod(), clk)
+	t.Cleanup(func() { p.queue.ShutDown(); p.cancel() })
+	for range 12 {
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	drain(p)
+	go p.correlate()
+	t.Cleanup(func() { close(p.lines); <-p.correlatorDone })
+	p.mu.Lock()
+	storm := p.cache.Values()[0]
+	p.mu.Unlock()
+
+	clk.Step(quiet - time.Millisecond)
+	clk.armed.Store(true)
+	logged := make(chan struct{})
+	go func() { defer close(logged); p.Error("plugin/errors: ", "upstream unhealthy") }()
+	select {
+	case <-clk.read: // logged now, 1 ms before the quiet is up
+	case <-time.After(10 * time.Second):
+		t.Fatal("the listener never read the time")
+	}
+	clk.Step(time.Millisecond)
+	p.sync(storm) // the storm's quiet timer fires
+	close(clk.resume)
+	<-logged
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.mu.Lock()
+		seen := storm.seen
+		p.mu.Unlock()
+		if seen == 13 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the correlator never folded the line in")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	drain(p)
+	for _, e := range endsIn(api) {
+		t.Errorf("end said although a line was logged %v before the quiet was up: %q", time.Millisecond, e.Message)
 	}
 	var objects []string
 	for _, e := range api.list() {
