@@ -302,3 +302,27 @@ func TestReviewLineLoggedBeforeQuietInListenerEndsStorm(t *testing.T) {
 		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
 	}
 }
+
+// TestReviewSlidingWindowBoundsEventsPerWindow: "a storm makes at most 10 +
+// 10 + 1 events per plugin and level per window", and the window "lasts
+// for as long as new lines keep coming less than 10 minutes apart". One
+// shape comes every minute and keeps the window open for two hours; a
+// second shape comes every 6 minutes, more than QUIET (5m) apart, so each
+// of its lines is a new storm and a new object. In that one window the
+// plugin makes far more than 21 events.
+func TestReviewSlidingWindowBoundsEventsPerWindow(t *testing.T) {
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, defaultQuiet))
+	for i := range 120 {
+		p.observe(ln(levelError, "errors", fmt.Sprintf("2 a%d.example.net. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", i, 40000+i), clk.Now()))
+		if i%6 == 0 {
+			p.observe(ln(levelError, "errors", fmt.Sprintf("2 b%d.example.net. A: read udp 10.0.0.5:%d->10.0.0.2:53: read: connection refused", i, 50000+i), clk.Now()))
+		}
+		wake(p)
+		clk.Step(time.Minute)
+	}
+	objects := len(withReasonIn(api.list(), "CoreDNSError"))
+	if objects > combineAfter+maxShapes+1 {
+		t.Errorf("%d events of plugin errors at level error within one window (no two new lines more than a minute apart), want at most %d + %d + 1",
+			objects, combineAfter, maxShapes)
+	}
+}
