@@ -326,3 +326,75 @@ func TestReviewSlidingWindowBoundsEventsPerWindow(t *testing.T) {
 			objects, combineAfter, maxShapes)
 	}
 }
+
+// TestReviewLineOutOfOrderInHandOffEndsStorm: "lines logged before that and
+// still on their way to the correlator ... are waited for". Two goroutines
+// log: one a line of the storm 1 ms before its quiet is up, the other a
+// line of another plugin at the moment it is up, and the second puts its
+// line on the hand-off queue first. Once the correlator took that one, the
+// storm's line is still on the queue, yet the writer decides the end: the
+// latest time the correlator saw is not before the quiet was up.
+func TestReviewLineOutOfOrderInHandOffEndsStorm(t *testing.T) {
+	const quiet = time.Minute
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
+	for range 12 {
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	drain(p)
+	go p.correlate()
+	t.Cleanup(func() { close(p.lines); <-p.correlatorDone })
+	p.mu.Lock()
+	storm := p.cache.Values()[0]
+	p.mu.Unlock()
+
+	clk.Step(quiet - time.Millisecond)
+	before := clk.Now() // the storm's line is logged
+	clk.Step(time.Millisecond)
+	p.lines <- ln(levelWarning, "forward", "a line of another plugin", clk.Now()) // handed off first
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.mu.Lock()
+		seen := p.observed
+		p.mu.Unlock()
+		if seen.Equal(clk.Now()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the correlator never took the other plugin's line")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p.mu.Lock()
+	p.lines <- ln(levelError, "errors", "upstream unhealthy", before) // the storm's line, handed off second
+	_, end := p.watchQuiet(storm, clk.Now())                          // the writer whose quiet timer fired
+	p.mu.Unlock()
+	if end != nil {
+		p.queue.Add(end)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		p.mu.Lock()
+		seen := storm.seen
+		p.mu.Unlock()
+		if seen == 13 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the correlator never folded the storm's line in")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	drain(p)
+	for _, e := range endsIn(api) {
+		t.Errorf("end said although a line logged %v before the quiet was up was on the hand-off queue: %q", time.Millisecond, e.Message)
+	}
+	var objects []string
+	for _, e := range api.list() {
+		if e.Reason == "CoreDNSError" {
+			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
+		}
+	}
+	if len(objects) != 1 {
+		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
+	}
+}
