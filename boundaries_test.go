@@ -26,13 +26,14 @@ func stepQueue(p *pipeline, clk interface{ Step(time.Duration) }, d time.Duratio
 }
 
 // TestStormEndsAtExactlyQuiet: the queue's timer for a storm fires at its
-// last line plus quiet to the nanosecond; the end is said then.
+// last line plus quiet and the hand-off grace to the nanosecond; the end is
+// said then.
 func TestStormEndsAtExactlyQuiet(t *testing.T) {
 	const quiet = time.Minute
 	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
 	logStorm(p, levelError, 0, 12, clk.Now())
 	drain(p) // written: the storm waits for its quiet in the queue's timer
-	stepQueue(p, clk, quiet)
+	stepQueue(p, clk, quiet+handOffGrace)
 	if n := len(endsIn(api)); n != 1 {
 		t.Fatalf("%d ends when the timer fired at exactly quiet, want 1", n)
 	}
@@ -72,7 +73,7 @@ func TestQuietOnAfterOff(t *testing.T) {
 	if n := len(endsIn(api)); n != 0 {
 		t.Fatalf("%d ends 30s into a quiet of 1m", n)
 	}
-	stepQueue(p, clk, 30*time.Second)
+	stepQueue(p, clk, 30*time.Second+handOffGrace)
 	if n := len(endsIn(api)); n != 1 {
 		t.Errorf("%d ends once the storm was quiet for the new 1m, want 1", n)
 	}

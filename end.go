@@ -44,13 +44,15 @@ func (p *pipeline) watchQuiet(e *entry, now time.Time) (time.Duration, *entry) {
 	if !isStorm(e.key, count) {
 		return 0, nil
 	}
+	// A line logged just before the quiet was up may still be on its way:
+	// in the listener between its time stamp and the hand-off, on the
+	// hand-off queue, or in the correlator. The end waits handOffGrace
+	// more for it, and longer while the correlator is behind.
 	due := e.last.Add(p.quiet)
-	if wait := due.Sub(now); wait > 0 {
+	if wait := due.Add(handOffGrace).Sub(now); wait > 0 {
 		return wait, nil
 	}
 	if len(p.lines) > 0 && p.observed.Before(due) {
-		// Lines logged before the quiet was up may still be on their way
-		// from the listener: look again once the correlator took them.
 		return handOffWait, nil
 	}
 	var end *entry
@@ -66,10 +68,15 @@ func (p *pipeline) watchQuiet(e *entry, now time.Time) (time.Duration, *entry) {
 	return 0, end
 }
 
-// handOffWait is how long an end waits for the correlator to take the
-// lines handed off before it; the correlator takes them in batches of at
-// most batchPause.
-const handOffWait = 10 * batchPause
+const (
+	// handOffGrace is how long after its quiet a storm's end waits for a
+	// line logged before then that is still on its way to the correlator:
+	// far more than the microseconds that takes, short against any quiet.
+	handOffGrace = 250 * time.Millisecond
+	// handOffWait is how often an end looks again while the correlator is
+	// behind; it takes the hand-off queue in batches of at most batchPause.
+	handOffWait = 10 * batchPause
+)
 
 // trimEnds applies quiet and the cache size to the ends not written yet: a
 // reload to quiet off says no more ends, one that shrinks the cache keeps
@@ -117,6 +124,9 @@ func (p *pipeline) attemptEnd(ctx context.Context, e *entry) (attemptResult, tim
 		throttledEnd[l].Inc()
 		return attemptThrottled, wait, nil
 	}
+	// A reload during the request may have turned quiet off or shrunk the
+	// cache: an end still to write is held to them once it is back.
+	defer p.trimEnds()
 	if res.lookup {
 		return afterLookup(e, res, now)
 	}

@@ -84,7 +84,7 @@ func TestStormEndIsSaid(t *testing.T) {
 	if n := len(withReasonIn(events(t, api), "CoreDNSErrorEnded")); n != 0 {
 		t.Fatalf("%d end events before the storm was quiet for %v", n, quiet)
 	}
-	clk.Step(time.Second)
+	clk.Step(time.Second + handOffGrace)
 	wake(p)
 	evs := events(t, api)
 	ends := withReasonIn(evs, "CoreDNSErrorEnded")
@@ -123,7 +123,7 @@ func TestStormEndIsSaid(t *testing.T) {
 	again := clk.Now()
 	logStorm(p, levelError, 1000, 5, again)
 	drain(p)
-	clk.Step(quiet)
+	clk.Step(quiet + handOffGrace)
 	wake(p)
 	evs = events(t, api)
 	combined := combinedOf(evs)
@@ -134,7 +134,7 @@ func TestStormEndIsSaid(t *testing.T) {
 		if e.Name == storm.Name && (e.Count != 30 || !e.LastTimestamp.Equal(&storm.LastTimestamp)) {
 			t.Errorf("the ended storm's event was patched: %+v", e)
 		}
-		if e.Name != storm.Name && (e.Count != 5 || !e.FirstTimestamp.Time.Equal(again)) {
+		if e.Name != storm.Name && (e.Count != 5 || !e.FirstTimestamp.Time.Equal(again.Truncate(time.Second))) {
 			t.Errorf("the new storm's event: count %d first %v, want 5 from %v", e.Count, e.FirstTimestamp, again)
 		}
 	}
@@ -171,7 +171,7 @@ func TestEndCreateUnansweredIsWrittenOnce(t *testing.T) {
 		once.Do(func() { f = fault{hang: true, apply: true} })
 		return f
 	})
-	clk.Step(time.Minute)
+	clk.Step(time.Minute + handOffGrace)
 	wake(p)
 	if n := testutil.ToFloat64(ended[levelWarning]) - endedBefore; n != 0 {
 		t.Errorf("ended_total rose by %v after an unanswered create, want 0", n)
@@ -206,7 +206,7 @@ func TestEndsHaveTheirOwnBucket(t *testing.T) {
 		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
 	}
 	drain(p)
-	clk.Step(time.Minute)
+	clk.Step(time.Minute + handOffGrace)
 	wake(p)
 	if n := len(withReasonIn(events(t, api), "CoreDNSErrorEnded")); n != 1 {
 		t.Errorf("%d end events with the error bucket empty, want 1", n)
@@ -222,7 +222,7 @@ func TestEndsHaveTheirOwnBucket(t *testing.T) {
 		p.observe(ln(levelWarning, "errors", "upstream slow", clk.Now()))
 	}
 	drain(p)
-	clk.Step(time.Minute)
+	clk.Step(time.Minute + handOffGrace)
 	wake(p)
 	if n := len(withReasonIn(events(t, api), "CoreDNSWarningEnded")); n != 0 {
 		t.Errorf("%d warning end events with the end bucket empty, want 0", n)

@@ -55,7 +55,7 @@ func TestEndsReloadShrinkKeepsEndsWithinCache(t *testing.T) {
 	var down atomic.Bool
 	api.setFault(func(apiRequest) fault { return fault{unsent: down.Load()} })
 	down.Store(true) // the API server is unreachable: the ends wait
-	clk.Step(quiet)
+	clk.Step(quiet + handOffGrace)
 	wake(p)
 	p.mu.Lock()
 	waiting := len(p.ends)
@@ -93,7 +93,7 @@ func TestEndsReloadRateWakesThrottledEnds(t *testing.T) {
 		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
 	}
 	drain(p)
-	clk.Step(quiet)
+	clk.Step(quiet + handOffGrace)
 	wake(p) // both end; the first end takes the end bucket's token, the second waits an hour
 	if n := len(endsIn(api)); n != 1 {
 		t.Fatalf("%d ends written with one token, want 1", n)
@@ -137,7 +137,7 @@ func TestEndsQuietOffSaysNoMoreEnds(t *testing.T) {
 	var down atomic.Bool
 	api.setFault(func(apiRequest) fault { return fault{unsent: down.Load()} })
 	down.Store(true)
-	clk.Step(quiet)
+	clk.Step(quiet + handOffGrace)
 	wake(p) // the end is decided; its create cannot reach the API
 	if n := len(endsIn(api)); n != 0 {
 		t.Fatalf("%d ends written while the API was unreachable", n)
@@ -209,7 +209,7 @@ func TestClientLimiterDoesNotHoldTheFlush(t *testing.T) {
 	var down atomic.Bool
 	api.setFault(func(apiRequest) fault { return fault{unsent: down.Load()} })
 	down.Store(true) // the ends are decided while the API server is away
-	clk.Step(quiet)
+	clk.Step(quiet + handOffGrace)
 	wake(p)
 	if n := len(endsIn(api)); n != 0 {
 		t.Fatalf("%d ends written while the API server was away", n)
