@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -227,5 +228,48 @@ func TestDoubtOfDroppedLines(t *testing.T) {
 		if got := p.doubtful - before; got != tt.want {
 			t.Errorf("seen %d, carried %d, doubt %d: doubtful rose by %d, want %d", tt.seen, tt.carried, tt.doubt, got, tt.want)
 		}
+	}
+}
+
+// TestEndsWaitingAreCapped: at most CACHESIZE ends wait to be written; a
+// storm that ends beyond that starts afresh without one.
+func TestEndsWaitingAreCapped(t *testing.T) {
+	const quiet = time.Minute
+	cfg := quietConfig(100, 100, quiet)
+	cfg.cacheSize = 2
+	p, api, clk := newTestPipeline(t, cfg)
+	for round := range 2 { // two storms, then two more that evict them
+		api.setFault(nil)
+		for i := range 2 {
+			for range 12 {
+				p.observe(ln(levelWarning, fmt.Sprintf("p%d-%d", round, i), "upstream unhealthy", clk.Now()))
+			}
+		}
+		drain(p)
+		api.setFault(func(apiRequest) fault { return fault{unsent: true} }) // the ends cannot be written
+		clk.Step(quiet + handOffGrace)
+		wake(p)
+	}
+	p.mu.Lock()
+	waiting := len(p.ends)
+	p.mu.Unlock()
+	if waiting != cfg.cacheSize {
+		t.Errorf("%d ends waiting after four storms ended with the API refusing them, want CACHESIZE %d", waiting, cfg.cacheSize)
+	}
+}
+
+// TestShorterQuietEndsRepeatedLine: the look again of a reload to a
+// shorter quiet also takes a storm of one line repeated, not combined.
+func TestShorterQuietEndsRepeatedLine(t *testing.T) {
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, 5*time.Minute))
+	for range 12 {
+		p.observe(ln(levelError, "forward", "upstream unhealthy", clk.Now()))
+	}
+	drain(p)
+	stepQueue(p, clk, 2*time.Minute)
+	p.apply(quietConfig(100, 100, time.Minute), api.client)
+	drain(p)
+	if n := len(endsIn(api)); n != 1 {
+		t.Errorf("%d ends right after a reload to quiet 1m of a repeated line quiet for 2m, want 1", n)
 	}
 }
