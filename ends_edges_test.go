@@ -176,18 +176,7 @@ func TestEndsLineHandedOffBeforeQuietEndsNoStorm(t *testing.T) {
 	}
 	p.observe(<-p.lines) // the correlator takes the line
 	drain(p)
-	for _, end := range endsIn(api) {
-		t.Errorf("end said although a line came %v before the quiet elapsed: %q", time.Millisecond, end.Message)
-	}
-	var objects []string
-	for _, e := range api.list() {
-		if e.Reason == "CoreDNSError" {
-			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
-		}
-	}
-	if len(objects) != 1 {
-		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
-	}
+	checkStormGoesOn(t, api)
 }
 
 // TestClientLimiterDoesNotHoldTheFlush: "Ends still unwritten at shutdown
@@ -260,4 +249,33 @@ func TestSteadyStormIsNotSaidToEnd(t *testing.T) {
 	if own > combineAfter {
 		t.Errorf("%d lines of the storm are events of their own, want the first %d only", own, combineAfter)
 	}
+}
+
+// checkStormGoesOn fails the test if an end was said for the storm of
+// CoreDNSError lines, or if its lines went into more than one object:
+// a line of before its quiet kept it going.
+func checkStormGoesOn(t *testing.T, api *fakeAPI) {
+	t.Helper()
+	for _, e := range endsIn(api) {
+		t.Errorf("end said although a line came just before the quiet was up: %q", e.Message)
+	}
+	var objects []string
+	for _, e := range api.list() {
+		if e.Reason == "CoreDNSError" {
+			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
+		}
+	}
+	if len(objects) != 1 {
+		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
+	}
+}
+
+// waitSeen waits until the correlator folded e's n-th line in.
+func waitSeen(t *testing.T, p *pipeline, e *entry, n int64) {
+	t.Helper()
+	waitFor(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return e.seen == n
+	})
 }

@@ -1,7 +1,6 @@
 package k8s_event
 
 import (
-	"fmt"
 	"runtime"
 	"strings"
 	"sync"
@@ -152,16 +151,8 @@ func TestEndsShrinkWhileEndInFlight(t *testing.T) {
 // decides the end, and the line then starts a second object.
 func TestEndsLineTakenNotYetFoldedKeepsStorm(t *testing.T) {
 	const quiet = time.Minute
-	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
-	for range 12 {
-		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
-	}
-	drain(p)
-	go p.correlate()
-	t.Cleanup(func() { close(p.lines); <-p.correlatorDone })
-
+	p, api, clk, storm := writtenStorm(t, quiet)
 	p.mu.Lock()
-	storm := p.cache.Values()[0]
 	clk.Step(quiet - time.Millisecond)
 	p.lines <- ln(levelError, "errors", "upstream unhealthy", clk.Now()) // the listener's hand-off
 	deadline := time.Now().Add(10 * time.Second)
@@ -180,32 +171,9 @@ func TestEndsLineTakenNotYetFoldedKeepsStorm(t *testing.T) {
 	if end != nil {
 		p.queue.Add(end)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		p.mu.Lock()
-		seen := storm.seen
-		p.mu.Unlock()
-		if seen == 13 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the correlator never folded the line in")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitSeen(t, p, storm, 13)
 	drain(p)
-	for _, e := range endsIn(api) {
-		t.Errorf("end said although a line logged %v before the quiet was up was in the hand-off: %q", time.Millisecond, e.Message)
-	}
-	var objects []string
-	for _, e := range api.list() {
-		if e.Reason == "CoreDNSError" {
-			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
-		}
-	}
-	if len(objects) != 1 {
-		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
-	}
+	checkStormGoesOn(t, api)
 }
 
 // listenerClock is a fake clock that, once armed, holds the listener
@@ -275,32 +243,9 @@ func TestEndsLineLoggedBeforeQuietInListenerKeepsStorm(t *testing.T) {
 	p.sync(storm) // the storm's quiet timer fires
 	close(clk.resume)
 	<-logged
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		p.mu.Lock()
-		seen := storm.seen
-		p.mu.Unlock()
-		if seen == 13 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the correlator never folded the line in")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitSeen(t, p, storm, 13)
 	drain(p)
-	for _, e := range endsIn(api) {
-		t.Errorf("end said although a line was logged %v before the quiet was up: %q", time.Millisecond, e.Message)
-	}
-	var objects []string
-	for _, e := range api.list() {
-		if e.Reason == "CoreDNSError" {
-			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
-		}
-	}
-	if len(objects) != 1 {
-		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
-	}
+	checkStormGoesOn(t, api)
 }
 
 // TestEndsLineOutOfOrderInHandOffKeepsStorm: "lines logged before that and
@@ -312,16 +257,7 @@ func TestEndsLineLoggedBeforeQuietInListenerKeepsStorm(t *testing.T) {
 // latest time the correlator saw is not before the quiet was up.
 func TestEndsLineOutOfOrderInHandOffKeepsStorm(t *testing.T) {
 	const quiet = time.Minute
-	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
-	for range 12 {
-		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
-	}
-	drain(p)
-	go p.correlate()
-	t.Cleanup(func() { close(p.lines); <-p.correlatorDone })
-	p.mu.Lock()
-	storm := p.cache.Values()[0]
-	p.mu.Unlock()
+	p, api, clk, storm := writtenStorm(t, quiet)
 
 	clk.Step(quiet - time.Millisecond)
 	before := clk.Now() // the storm's line is logged
@@ -361,16 +297,21 @@ func TestEndsLineOutOfOrderInHandOffKeepsStorm(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	drain(p)
-	for _, e := range endsIn(api) {
-		t.Errorf("end said although a line logged %v before the quiet was up was on the hand-off queue: %q", time.Millisecond, e.Message)
+	checkStormGoesOn(t, api)
+}
+
+// writtenStorm returns a pipeline whose storm of one repeated error line is
+// written and waits for its quiet, with the correlator running.
+func writtenStorm(t *testing.T, quiet time.Duration) (*pipeline, *fakeAPI, *clocktesting.FakeClock, *entry) {
+	t.Helper()
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
+	for range 12 {
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
 	}
-	var objects []string
-	for _, e := range api.list() {
-		if e.Reason == "CoreDNSError" {
-			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
-		}
-	}
-	if len(objects) != 1 {
-		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
-	}
+	drain(p)
+	go p.correlate()
+	t.Cleanup(func() { close(p.lines); <-p.correlatorDone })
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p, api, clk, p.cache.Values()[0]
 }
