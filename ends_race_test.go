@@ -143,12 +143,12 @@ func TestEndsShrinkWhileEndInFlight(t *testing.T) {
 	}
 }
 
-// TestEndsLineTakenNotYetFoldedKeepsStorm: "lines logged before that and
-// still on their way to the correlator ... are waited for". The correlator
-// has taken a line logged 1 ms before the quiet was up off the hand-off
-// queue and waits for the pipeline's lock to fold it in; the writer whose
-// quiet timer fired holds that lock. The queue is empty, so the writer
-// decides the end, and the line then starts a second object.
+// TestEndsLineTakenNotYetFoldedKeepsStorm: an end waits "for a line logged
+// just before then that is still on its way to the correlator". The
+// correlator has taken a line logged 1 ms before the quiet was up off the
+// hand-off queue and waits for the pipeline's lock to fold it in; the
+// writer whose quiet timer fired holds that lock. The queue is empty: no
+// end may be decided then, or the line starts a second object.
 func TestEndsLineTakenNotYetFoldedKeepsStorm(t *testing.T) {
 	const quiet = time.Minute
 	p, api, clk, storm := writtenStorm(t, quiet)
@@ -208,12 +208,12 @@ func calledFromTake() bool {
 	}
 }
 
-// TestEndsLineLoggedBeforeQuietInListenerKeepsStorm: "lines logged before
-// that and still on their way to the correlator ... are waited for". A
-// line logged 1 ms before the quiet was up, whose listener has read the
-// time and not yet put the line on the hand-off queue when the writer's
-// quiet timer fires: the queue is empty, the end is decided ("none
-// since"), and the line then starts a second object.
+// TestEndsLineLoggedBeforeQuietInListenerKeepsStorm: an end waits "for a
+// line logged just before then that is still on its way to the
+// correlator". A line logged 1 ms before the quiet was up, whose listener
+// has read the time and not yet put the line on the hand-off queue when
+// the writer's quiet timer fires: the queue is empty, and no end may be
+// decided ("none since"), or the line starts a second object.
 func TestEndsLineLoggedBeforeQuietInListenerKeepsStorm(t *testing.T) {
 	const quiet = time.Minute
 	clk := &listenerClock{FakeClock: clocktesting.NewFakeClock(epoch), read: make(chan struct{}), resume: make(chan struct{})}
@@ -248,13 +248,13 @@ func TestEndsLineLoggedBeforeQuietInListenerKeepsStorm(t *testing.T) {
 	checkStormGoesOn(t, api)
 }
 
-// TestEndsLineOutOfOrderInHandOffKeepsStorm: "lines logged before that and
-// still on their way to the correlator ... are waited for". Two goroutines
-// log: one a line of the storm 1 ms before its quiet is up, the other a
-// line of another plugin at the moment it is up, and the second puts its
-// line on the hand-off queue first. Once the correlator took that one, the
-// storm's line is still on the queue, yet the writer decides the end: the
-// latest time the correlator saw is not before the quiet was up.
+// TestEndsLineOutOfOrderInHandOffKeepsStorm: an end waits "for a line
+// logged just before then that is still on its way to the correlator". Two
+// goroutines log: one a line of the storm 1 ms before its quiet is up, the
+// other a line of another plugin at the moment it is up, and the second
+// puts its line on the hand-off queue first. Once the correlator took that
+// one, the storm's line is still on the queue, and the latest time the
+// correlator saw is not before the quiet was up: no end may be decided.
 func TestEndsLineOutOfOrderInHandOffKeepsStorm(t *testing.T) {
 	const quiet = time.Minute
 	p, api, clk, storm := writtenStorm(t, quiet)
