@@ -87,14 +87,8 @@ func TestCountOfExactlyInt32(t *testing.T) {
 	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
 	before := readLedger()
 	p.observe(ln(levelError, "errors", "long-lived", clk.Now()))
-	const more = math.MaxInt32 - 1 // lines seen, without logging each
-	p.mu.Lock()
-	for _, e := range p.cache.Values() {
-		e.seen += more
-	}
-	p.mu.Unlock()
-	pendingLines.Add(more)
-	t.Cleanup(func() { pendingLines.Sub(readLedger().since(before).pending) })
+	const more = math.MaxInt32 - 1
+	seeUnlogged(t, p, before, more)
 	drain(p)
 	p.observe(ln(levelError, "errors", "long-lived", clk.Now()))
 	drain(p)

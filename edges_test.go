@@ -164,14 +164,8 @@ func TestCountPastInt32(t *testing.T) {
 	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
 	before := readLedger()
 	p.observe(ln(levelError, "errors", "long-lived", clk.Now()))
-	const more = math.MaxInt32 + 4 // lines seen, without logging each
-	p.mu.Lock()
-	for _, e := range p.cache.Values() {
-		e.seen += more
-	}
-	p.mu.Unlock()
-	pendingLines.Add(more)
-	t.Cleanup(func() { pendingLines.Sub(readLedger().since(before).pending) })
+	const more = math.MaxInt32 + 4
+	seeUnlogged(t, p, before, more)
 	drain(p)
 	clk.Step(time.Second)
 	due(p)
@@ -284,4 +278,18 @@ func TestClockSteppedBack(t *testing.T) {
 	if ev.Count != 2 || ev.LastTimestamp.Time.Before(ev.FirstTimestamp.Time) || !ev.LastTimestamp.Time.Equal(at) {
 		t.Errorf("count %d, first %v, last %v; want 2 and both at %v", ev.Count, ev.FirstTimestamp, ev.LastTimestamp, at)
 	}
+}
+
+// seeUnlogged books n more lines of every cached event as seen and
+// pending, without logging each; the pending ones are taken back when the
+// test ends.
+func seeUnlogged(t *testing.T, p *pipeline, before ledger, n int64) {
+	t.Helper()
+	p.mu.Lock()
+	for _, e := range p.cache.Values() {
+		e.seen += n
+	}
+	p.mu.Unlock()
+	pendingLines.Add(float64(n))
+	t.Cleanup(func() { pendingLines.Sub(readLedger().since(before).pending) })
 }
