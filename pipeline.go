@@ -46,10 +46,11 @@ const (
 //   - apply runs in caddy's reload, stop in its shutdown or exit hook, and
 //     the flush in stop's goroutines once the workers are gone.
 //
-// mu guards the cache, windows, settling, buckets, reserved, rand, doubtful,
+// mu guards the cache, windows, settling, buckets, reserved, held, rand, doubtful,
 // quiet, ends and every field of every entry; it is never held across a
-// request. The queue, names and reporter lock themselves; the atomics need
-// no lock.
+// request. The queue, names and reporter lock themselves (the queue's Add,
+// which never blocks, is called under mu by spend; nothing takes mu under
+// the queue's lock); the atomics need no lock.
 type pipeline struct {
 	clock  clock.WithTicker
 	levels atomic.Uint32 // levelSet
@@ -68,9 +69,10 @@ type pipeline struct {
 	// another, and one more, endBucket, for the events that say a storm
 	// ended: a storm cannot starve its end, nor ends a level.
 	buckets  [numBuckets]*rate.Limiter
-	reserved [numBuckets]int // requests in flight, each holding a token it may still spend
-	rand     *rand.Rand      // backoff jitter
-	doubtful int64           // lines dropped whose latest write may have landed unanswered
+	reserved [numBuckets]int                 // requests in flight, each holding a token it may still spend
+	held     [numBuckets]map[*entry]struct{} // entries waiting while those tokens are held (reserve)
+	rand     *rand.Rand                      // backoff jitter
+	doubtful int64                           // lines dropped whose latest write may have landed unanswered
 	// quiet is how long a storm has had no new line when its end is said;
 	// 0: never. ends holds the end events decided and not yet written,
 	// at most cacheSize of them (end.go).

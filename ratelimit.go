@@ -17,30 +17,48 @@ const (
 	rejectPause = time.Minute
 )
 
-// reserve claims a token of the bucket of l for a request about to be
-// sent. The token is spent only if the request reaches the API (spend); one
-// that never left this process hands it back. Requests per bucket thus
-// never exceed BURST + QPS x T, retries included, and an unreachable API
-// costs no tokens. Without a token it tells how long until one is free.
-// Called with p.mu held.
-func (p *pipeline) reserve(l level, now time.Time) (time.Duration, bool) {
-	b := p.buckets[l]
-	need := float64(p.reserved[l] + 1)
-	have := b.TokensAt(now)
+// reserve claims a token of bucket b for a request about to be sent. The
+// token is spent only if the request reaches the API (spend); one that
+// never left this process hands it back. Requests per bucket thus never
+// exceed BURST + QPS x T, retries included, and an unreachable API costs
+// no tokens. Without a token it tells how long until one is free, counting
+// the tokens held by requests in flight as spent; e, when the bucket's
+// tokens are there but all held so, is woken as soon as one of them comes
+// back unspent (spend). Called with p.mu held.
+func (p *pipeline) reserve(b level, e *entry, now time.Time) (time.Duration, bool) {
+	bucket := p.buckets[b]
+	need := float64(p.reserved[b] + 1)
+	have := bucket.TokensAt(now)
 	if have >= need {
-		p.reserved[l]++
+		p.reserved[b]++
 		return 0, true
 	}
-	wait := time.Duration((need - have) / float64(b.Limit()) * float64(time.Second))
+	if e != nil && have >= 1 {
+		if p.held[b] == nil {
+			p.held[b] = map[*entry]struct{}{}
+		}
+		p.held[b][e] = struct{}{}
+	}
+	wait := time.Duration((need - have) / float64(bucket.Limit()) * float64(time.Second))
 	return max(wait, time.Millisecond), false
 }
 
 // spend ends a reservation: the token is taken if the request reached the
-// API, whatever its answer. Called with p.mu held.
-func (p *pipeline) spend(l level, now time.Time, reached bool) {
-	p.reserved[l]--
+// API, whatever its answer. One handed back wakes the entries that found
+// the bucket's tokens held (Add never blocks, so it is made under p.mu).
+// Called with p.mu held.
+func (p *pipeline) spend(b level, now time.Time, reached bool) {
+	p.reserved[b]--
 	if reached {
-		p.buckets[l].ReserveN(now, 1)
+		p.buckets[b].ReserveN(now, 1)
+	} else {
+		for e := range p.held[b] {
+			p.queue.Add(e)
+		}
+		clear(p.held[b])
+	}
+	if p.reserved[b] == 0 {
+		clear(p.held[b]) // what they waited for is settled: their waits are right
 	}
 }
 
@@ -159,7 +177,7 @@ const (
 // time the answer came.
 func (p *pipeline) request(ctx context.Context, e *entry, b level, spec writeSpec) (res writeResult, now time.Time, wait time.Duration, ok bool) {
 	now = p.clock.Now()
-	if wait, ok := p.reserve(b, now); !ok {
+	if wait, ok := p.reserve(b, e, now); !ok {
 		return writeResult{}, now, wait, false
 	}
 	e.inflight = true

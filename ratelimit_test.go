@@ -729,20 +729,20 @@ func TestReserveWait(t *testing.T) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for range 2 {
-		if _, ok := p.reserve(levelError, clk.Now()); !ok {
+		if _, ok := p.reserve(levelError, nil, clk.Now()); !ok {
 			t.Fatal("no token in a full bucket")
 		}
 	}
-	if wait, ok := p.reserve(levelError, clk.Now()); ok || wait < 299*time.Second || wait > 301*time.Second {
+	if wait, ok := p.reserve(levelError, nil, clk.Now()); ok || wait < 299*time.Second || wait > 301*time.Second {
 		t.Errorf("third reservation: ok %v wait %v, want a wait of 300 s (both tokens held in flight, one more every 300 s)", ok, wait)
 	}
 	p.spend(levelError, clk.Now(), false) // never reached the API: the token is back
-	if wait, ok := p.reserve(levelError, clk.Now()); !ok || wait != 0 {
+	if wait, ok := p.reserve(levelError, nil, clk.Now()); !ok || wait != 0 {
 		t.Errorf("after an unsent request: ok %v wait %v, want the token back", ok, wait)
 	}
 	p.spend(levelError, clk.Now(), true)
 	p.spend(levelError, clk.Now(), true)
-	if wait, ok := p.reserve(levelError, clk.Now()); ok || wait < 299*time.Second || wait > 301*time.Second {
+	if wait, ok := p.reserve(levelError, nil, clk.Now()); ok || wait < 299*time.Second || wait > 301*time.Second {
 		t.Errorf("after two sent requests: ok %v wait %v, want 300 s", ok, wait)
 	}
 }
@@ -828,5 +828,43 @@ func TestFlushSaysWhyWritesFail(t *testing.T) {
 	p.stop(time.Second)
 	if !strings.Contains(logged.String(), "grant create and patch on events") {
 		t.Errorf("the flush did not say why its write failed:\n%s", logged.String())
+	}
+}
+
+// TestTokenHandedBackWakesWaiting: "a request that never reached the
+// server costs nothing", and pending events land within 72 s of the API
+// server's return "as far as tokens allow". An event that finds its
+// bucket's one token held by a request in flight waits, as if that request
+// will spend it; when the request never reaches the server and its event
+// is gone meanwhile (evicted, with nothing unsure), the token is back, and
+// the waiting event is written at once, not after the 300 s refill.
+func TestTokenHandedBackWakesWaiting(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, defaultQPS, 1, 1))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	api.setFault(func(r apiRequest) fault {
+		held := false
+		once.Do(func() { held = true })
+		if !held {
+			return fault{}
+		}
+		close(entered)
+		<-release
+		return fault{unsent: true} // the connection is refused: the token is not spent
+	})
+	p.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	done := make(chan struct{})
+	go func() { defer close(done); p.processNext() }() // A's create holds the token
+	<-entered
+	p.observe(ln(levelError, "errors", "upstream B down", clk.Now())) // evicts A, in flight
+	p.processNext()                                                   // B: the token is held
+	close(release)
+	<-done
+	written := func() bool { return len(events(t, api)) == 1 }
+	if !runQueue(p, clk, time.Second, 72, written) {
+		t.Fatalf("72 s after A's request was refused (A evicted, B waiting), %d events and %.2f tokens: B waits for a token its bucket has", len(events(t, api)), p.buckets[levelError].TokensAt(clk.Now()))
+	}
+	if got := events(t, api)[0].Message; !strings.Contains(got, "upstream B down") {
+		t.Errorf("written: %q, want B", got)
 	}
 }

@@ -284,7 +284,7 @@ func (p *pipeline) writeFatal(ln line) {
 	var t tally
 	t.see()
 	p.mu.Lock()
-	_, ok := p.reserve(levelFatal, p.clock.Now())
+	_, ok := p.reserve(levelFatal, nil, p.clock.Now())
 	p.mu.Unlock()
 	if !ok {
 		throttled[levelFatal].Inc()
