@@ -44,22 +44,36 @@ func (p *pipeline) reserve(b level, e *entry, now time.Time) (time.Duration, boo
 }
 
 // spend ends a reservation: the token is taken if the request reached the
-// API, whatever its answer. One handed back wakes the entries that found
-// the bucket's tokens held (Add never blocks, so it is made under p.mu).
-// Called with p.mu held.
+// API, whatever its answer. A token handed back wakes one of the entries
+// that found the bucket's tokens held, one that still has something to
+// write: one token, one write, so an API that refuses connections wakes no
+// crowd. Add never blocks, so it is made under p.mu. Called with p.mu held.
 func (p *pipeline) spend(b level, now time.Time, reached bool) {
 	p.reserved[b]--
 	if reached {
 		p.buckets[b].ReserveN(now, 1)
 	} else {
 		for e := range p.held[b] {
-			p.queue.Add(e)
+			delete(p.held[b], e)
+			if p.writable(e) {
+				p.queue.Add(e)
+				break
+			}
 		}
-		clear(p.held[b])
 	}
 	if p.reserved[b] == 0 {
 		clear(p.held[b]) // what they waited for is settled: their waits are right
 	}
+}
+
+// writable tells whether e has a write to make: lines pending and not given
+// up, or an end still to write. Called with p.mu held.
+func (p *pipeline) writable(e *entry) bool {
+	if e.end != nil {
+		_, ok := p.ends[e]
+		return ok && !e.inflight
+	}
+	return e.pending() > 0 && e.dropped == 0 && !e.inflight
 }
 
 // backoffFor is the wait after the n-th failure in a row: exponential,

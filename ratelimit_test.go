@@ -868,3 +868,31 @@ func TestTokenHandedBackWakesWaiting(t *testing.T) {
 		t.Errorf("written: %q, want B", got)
 	}
 }
+
+// TestTokenHandedBackWakesOne: one token handed back is one write: of 50
+// events that found the bucket's token held, one is woken, so an API that
+// refuses connections while the bucket runs low wakes no crowd of writers.
+func TestTokenHandedBackWakesOne(t *testing.T) {
+	p, _, clk := newTestPipeline(t, testConfig(all, defaultQPS, 1, 64))
+	for i := range 50 {
+		p.observe(ln(levelError, "errors", fmt.Sprint("upstream ", i, " down"), clk.Now()))
+	}
+	for p.queue.Len() > 0 { // taken, as writers would, and found throttled below
+		e, _ := p.queue.Get()
+		p.queue.Done(e)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.reserve(levelError, nil, clk.Now()); !ok {
+		t.Fatal("no token in a full bucket")
+	}
+	for _, e := range p.cache.Values() {
+		if _, ok := p.reserve(levelError, e, clk.Now()); ok {
+			t.Fatal("a second token from a bucket of one")
+		}
+	}
+	p.spend(levelError, clk.Now(), false)
+	if n := p.queue.Len(); n != 1 {
+		t.Errorf("%d events woken by one token handed back, want 1", n)
+	}
+}
