@@ -15,6 +15,11 @@ import (
 // release is closed, then answers it 429: the write is in flight meanwhile,
 // and it is never applied. entered is closed once that create is in flight.
 func holdFirstCreate(api *fakeAPI) (entered, release chan struct{}) {
+	return holdFirstCreateThen(api, fault{code: 429})
+}
+
+// holdFirstCreateThen is holdFirstCreate with the fault f once released.
+func holdFirstCreateThen(api *fakeAPI, f fault) (entered, release chan struct{}) {
 	entered, release = make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	api.setFault(func(r apiRequest) fault {
@@ -28,7 +33,7 @@ func holdFirstCreate(api *fakeAPI) (entered, release chan struct{}) {
 		}
 		close(entered)
 		<-release
-		return fault{code: 429}
+		return f
 	})
 	return entered, release
 }

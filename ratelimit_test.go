@@ -840,18 +840,7 @@ func TestFlushSaysWhyWritesFail(t *testing.T) {
 // the waiting event is written at once, not after the 300 s refill.
 func TestTokenHandedBackWakesWaiting(t *testing.T) {
 	p, api, clk := newTestPipeline(t, testConfig(all, defaultQPS, 1, 1))
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	api.setFault(func(r apiRequest) fault {
-		held := false
-		once.Do(func() { held = true })
-		if !held {
-			return fault{}
-		}
-		close(entered)
-		<-release
-		return fault{unsent: true} // the connection is refused: the token is not spent
-	})
+	entered, release := holdFirstCreateThen(api, fault{unsent: true}) // the connection is refused: the token is not spent
 	p.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
 	done := make(chan struct{})
 	go func() { defer close(done); p.processNext() }() // A's create holds the token
