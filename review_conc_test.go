@@ -167,8 +167,8 @@ func TestReviewLoweredBurstHandBackWakes(t *testing.T) {
 		return p.reserved[levelError] == 1
 	})
 	p.observe(ln(levelError, "errors", "upstream C down", clk.Now())) // evicts B, in flight
-	drain(p)                                                           // C: no token
-	close(release[2])                                                  // B's create is refused: its token is handed back
+	drain(p)                                                          // C: no token
+	close(release[2])                                                 // B's create is refused: its token is handed back
 	writers.Wait()
 	drain(p)
 
