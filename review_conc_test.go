@@ -187,3 +187,47 @@ func TestReviewLoweredBurstHandBackWakes(t *testing.T) {
 	}
 	checkLedger(t, api, before, 3)
 }
+
+// TestReviewStopHungWriteHoldsNoOtherBucket: at shutdown "every pending
+// event whose bucket has a token is written ... for at most 5 s"; buckets
+// are per reason "so that a flood of one level cannot starve another".
+// Both writers are in the middle of error creates that get no answer when
+// stop comes; a warning is pending, its bucket full, and the API answers
+// warnings at once. The warning must be written in the flush time, not
+// dropped as shutdown because the writers' hung requests take all of it.
+func TestReviewStopHungWriteHoldsNoOtherBucket(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/300, 3, 64))
+	var inFlight sync.WaitGroup
+	inFlight.Add(2)
+	client := gatedClient(t, api, func(n int, r *http.Request) bool {
+		if n > 2 {
+			return true
+		}
+		inFlight.Done()
+		<-r.Context().Done() // no answer until the client gives up
+		return false
+	})
+	p.client.Store(&client)
+	before := readLedger()
+	p.start()
+	p.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	p.observe(ln(levelError, "errors", "upstream B down", clk.Now()))
+	inFlight.Wait() // both writers are in an error create
+	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	start := time.Now()
+	p.stop(2 * time.Second)
+	took := time.Since(start)
+
+	d := checkLedger(t, api, before, 3)
+	var warnings int
+	for _, ev := range events(t, api) {
+		if ev.Reason == "CoreDNSWarning" {
+			warnings++
+		}
+	}
+	if warnings != 1 {
+		t.Errorf("stop took %v of its 2 s; %d warning events, dropped{shutdown} %v, %.2f tokens in the warnings' bucket: "+
+			"the pending warning was not written while the writers' error creates hung",
+			took.Round(time.Millisecond), warnings, d.dropped[dropShutdown], p.buckets[levelWarning].TokensAt(clk.Now()))
+	}
+}
