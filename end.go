@@ -122,7 +122,7 @@ func (p *pipeline) attemptEnd(ctx context.Context, e *entry) (attemptResult, tim
 	res, now, wait, ok := p.request(ctx, e, endBucket, spec)
 	if !ok {
 		throttledEnd[l].Inc()
-		return attemptThrottled, wait, nil
+		return p.noToken(endBucket), wait, nil
 	}
 	// A reload during the request may have turned quiet off or shrunk the
 	// cache: an end still to write is held to them once it is back.

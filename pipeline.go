@@ -44,7 +44,8 @@ const (
 //   - workers goroutines (processNext) take entries from the queue, which
 //     hands an entry to one of them at a time;
 //   - apply runs in caddy's reload, stop in its shutdown or exit hook, and
-//     the flush in stop's goroutines once the workers are gone.
+//     the flush in stop's goroutines, while the workers finish the write
+//     they have in hand (an entry in flight is the flush's only once back).
 //
 // mu guards the cache, windows, settling, buckets, reserved, held, rand, doubtful,
 // quiet, ends and every field of every entry; it is never held across a
@@ -71,8 +72,10 @@ type pipeline struct {
 	buckets  [numBuckets]*rate.Limiter
 	reserved [numBuckets]int                 // requests in flight, each holding a token it may still spend
 	held     [numBuckets]map[*entry]struct{} // entries waiting while those tokens are held (reserve)
-	rand     *rand.Rand                      // backoff jitter
-	doubtful int64                           // lines dropped whose latest write may have landed unanswered
+	// requestEnded, when set, is closed as the next request ends (spend).
+	requestEnded chan struct{}
+	rand         *rand.Rand // backoff jitter
+	doubtful     int64      // lines dropped whose latest write may have landed unanswered
 	// quiet is how long a storm has had no new line when its end is said;
 	// 0: never. ends holds the end events decided and not yet written,
 	// at most cacheSize of them (end.go).
@@ -224,11 +227,13 @@ func (p *pipeline) stop(timeout time.Duration) {
 		}
 		<-p.correlatorDone
 
-		// Writers finish the write in hand and leave the rest to the flush.
+		// Writers finish the write in hand and leave the rest to the flush,
+		// which starts at once: a write that hangs holds up only its own
+		// event, whose turn in the flush comes once it is back.
 		p.flushing.Store(true)
 		p.queue.ShutDown()
-		p.workersDone.Wait()
 		p.flush()
+		p.workersDone.Wait() // bounded: the deadline cancels what is still in flight
 		p.cancel()
 
 		p.mu.Lock()
@@ -265,6 +270,10 @@ func (p *pipeline) pendingEntries() []*entry {
 func (p *pipeline) flush() {
 	p.mu.Lock()
 	todo := append(p.pendingEntries(), p.endEntries()...)
+	// Those whose write is in hand go last: their turn waits for it.
+	slices.SortStableFunc(todo, func(a, b *entry) int {
+		return cmp.Compare(boolInt(a.inflight), boolInt(b.inflight))
+	})
 	p.mu.Unlock()
 
 	work := make(chan *entry)
@@ -299,11 +308,23 @@ func (p *pipeline) flushOne(e *entry) {
 	for p.ctx.Err() == nil {
 		p.mu.Lock()
 		res, _, report := p.attempt(p.ctx, e)
+		var ended <-chan struct{}
+		if res == attemptBusy || res == attemptInFlight {
+			ended = p.requestDone()
+		}
 		p.mu.Unlock()
 		p.say(p.clock.Now(), report)
 		switch res {
 		case attemptRedo:
 			continue
+		case attemptBusy, attemptInFlight:
+			// A request in flight holds the token, or is e's own write in
+			// hand: look again once a request ends.
+			select {
+			case <-ended:
+			case <-p.ctx.Done():
+				return
+			}
 		case attemptFailed:
 			// A Retry-After is honoured in the flush too; one longer than
 			// the flush has left leaves the lines to be dropped at its end.
@@ -331,4 +352,11 @@ func (p *pipeline) flushWait(pause time.Duration) bool {
 	case <-time.After(pause):
 		return true
 	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -22,9 +22,9 @@ const (
 // never left this process hands it back. Requests per bucket thus never
 // exceed BURST + QPS x T, retries included, and an unreachable API costs
 // no tokens. Without a token it tells how long until one is free, counting
-// the tokens held by requests in flight as spent; e, when the bucket's
-// tokens are there but all held so, is woken as soon as one of them comes
-// back unspent (spend). Called with p.mu held.
+// the tokens held by requests in flight as spent; e, when requests hold
+// tokens of the bucket, is woken as soon as one of them comes back unspent
+// (spend), to wait no longer than it must. Called with p.mu held.
 func (p *pipeline) reserve(b level, e *entry, now time.Time) (time.Duration, bool) {
 	bucket := p.buckets[b]
 	need := float64(p.reserved[b] + 1)
@@ -33,7 +33,7 @@ func (p *pipeline) reserve(b level, e *entry, now time.Time) (time.Duration, boo
 		p.reserved[b]++
 		return 0, true
 	}
-	if e != nil && have >= 1 {
+	if e != nil && p.reserved[b] > 0 {
 		if p.held[b] == nil {
 			p.held[b] = map[*entry]struct{}{}
 		}
@@ -64,6 +64,29 @@ func (p *pipeline) spend(b level, now time.Time, reached bool) {
 	if p.reserved[b] == 0 {
 		clear(p.held[b]) // what they waited for is settled: their waits are right
 	}
+	if p.requestEnded != nil { // the flush waits for it (requestDone)
+		close(p.requestEnded)
+		p.requestEnded = nil
+	}
+}
+
+// requestDone is closed when the next request in flight ends, spent or
+// handed back. Called with p.mu held.
+func (p *pipeline) requestDone() <-chan struct{} {
+	if p.requestEnded == nil {
+		p.requestEnded = make(chan struct{})
+	}
+	return p.requestEnded
+}
+
+// noToken is what an attempt without a token tells: busy while requests in
+// flight hold tokens of b that may come back, else throttled. Called with
+// p.mu held.
+func (p *pipeline) noToken(b level) attemptResult {
+	if p.reserved[b] > 0 {
+		return attemptBusy
+	}
+	return attemptThrottled
 }
 
 // writable tells whether e has a write to make: lines pending and not given
@@ -111,8 +134,12 @@ func (p *pipeline) sync(e *entry) {
 	if wait <= 0 {
 		var res attemptResult
 		res, wait, report = p.attempt(p.ctx, e)
-		if res == attemptRedo {
+		switch res {
+		case attemptRedo:
 			wait = 0
+		case attemptInFlight: // the flush's write of e, racing stop: it settles e
+			p.mu.Unlock()
+			return
 		}
 	}
 	if e.end != nil {
@@ -179,6 +206,8 @@ func afterLookup(e *entry, res writeResult, now time.Time) (attemptResult, time.
 const (
 	attemptNone      attemptResult = iota // nothing pending
 	attemptThrottled                      // no token
+	attemptBusy                           // no token free: requests in flight hold them, and may hand them back
+	attemptInFlight                       // a write of this entry is in flight already (only in the flush at stop)
 	attemptWrote                          // written
 	attemptRedo                           // to be written again at once: created, gone or name taken
 	attemptRefused                        // refused by the API: paused
@@ -210,6 +239,9 @@ func (p *pipeline) request(ctx context.Context, e *entry, b level, spec writeSpe
 // outcome. It is called with p.mu held and releases it during the request.
 // It returns how long until e may be tried again, and an error to report.
 func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.Duration, error) {
+	if e.inflight {
+		return attemptInFlight, 0, nil
+	}
 	if e.end != nil {
 		return p.attemptEnd(ctx, e)
 	}
@@ -227,7 +259,7 @@ func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.D
 	res, now, wait, ok := p.request(ctx, e, l, spec)
 	if !ok {
 		throttled[l].Inc()
-		return attemptThrottled, wait, nil
+		return p.noToken(l), wait, nil
 	}
 	defer p.retire(e)
 	if res.lookup {
