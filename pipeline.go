@@ -268,24 +268,44 @@ func (p *pipeline) pendingEntries() []*entry {
 // is empty, the API refuses it, or the time is up. Failed writes are tried
 // again every flushPause: only those that reach the API cost a token.
 func (p *pipeline) flush() {
-	p.mu.Lock()
-	todo := append(p.pendingEntries(), p.endEntries()...)
-	// Those whose write is in hand go last: their turn waits for it.
-	slices.SortStableFunc(todo, func(a, b *entry) int {
-		return cmp.Compare(boolInt(a.inflight), boolInt(b.inflight))
-	})
-	p.mu.Unlock()
+	// First what is pending now, those whose write is in hand last (their
+	// turn waits for it); then, once the writers are gone, what they left
+	// that was not offered yet: the end of a storm whose last write was in
+	// hand when the flush began.
+	offered := map[*entry]struct{}{}
+	for round := 0; p.ctx.Err() == nil; round++ {
+		p.mu.Lock()
+		var todo []*entry
+		for _, e := range append(p.pendingEntries(), p.endEntries()...) {
+			if _, ok := offered[e]; !ok {
+				offered[e] = struct{}{}
+				todo = append(todo, e)
+			}
+		}
+		slices.SortStableFunc(todo, func(a, b *entry) int {
+			return cmp.Compare(boolInt(a.inflight), boolInt(b.inflight))
+		})
+		p.mu.Unlock()
+		if len(todo) == 0 && round > 0 {
+			return
+		}
+		p.flushAll(todo)
+		if round == 0 {
+			p.waitWorkers()
+		}
+	}
+}
 
+// flushAll flushes todo with p.flushers goroutines.
+func (p *pipeline) flushAll(todo []*entry) {
 	work := make(chan *entry)
 	var wg sync.WaitGroup
 	for range p.flushers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for e := range work {
 				p.flushOne(e)
 			}
-		}()
+		})
 	}
 	for _, e := range todo {
 		select {
@@ -297,16 +317,36 @@ func (p *pipeline) flush() {
 	wg.Wait()
 }
 
-func (p *pipeline) flushOne(e *entry) {
-	// A Retry-After answered before the flush is honoured as well.
-	p.mu.Lock()
-	asked := e.asked.Sub(p.clock.Now())
-	p.mu.Unlock()
-	if asked > 0 && !p.flushWait(asked) {
-		return
+// waitWorkers waits for the workers to finish the write in hand, or for
+// the flush's time to be up.
+func (p *pipeline) waitWorkers() {
+	done := make(chan struct{})
+	go func() {
+		p.workersDone.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-p.ctx.Done():
 	}
+}
+
+func (p *pipeline) flushOne(e *entry) {
+	var honoured time.Time // the latest Retry-After waited out
 	for p.ctx.Err() == nil {
 		p.mu.Lock()
+		// A Retry-After is honoured in the flush too: one answered before
+		// the flush, or to the write in hand when it began.
+		if e.asked.After(honoured) && !e.inflight {
+			honoured = e.asked
+			if asked := e.asked.Sub(p.clock.Now()); asked > 0 {
+				p.mu.Unlock()
+				if !p.flushWait(asked) {
+					return
+				}
+				continue
+			}
+		}
 		res, _, report := p.attempt(p.ctx, e)
 		var ended <-chan struct{}
 		if res == attemptBusy || res == attemptInFlight {
@@ -330,6 +370,7 @@ func (p *pipeline) flushOne(e *entry) {
 			// the flush has left leaves the lines to be dropped at its end.
 			p.mu.Lock()
 			pause := max(p.flushPause, e.asked.Sub(p.clock.Now()))
+			honoured = e.asked
 			p.mu.Unlock()
 			if !p.flushWait(pause) {
 				return
