@@ -31,6 +31,7 @@ func (p *pipeline) reserve(b level, e *entry, now time.Time) (time.Duration, boo
 	have := bucket.TokensAt(now)
 	if have >= need {
 		p.reserved[b]++
+		delete(p.held[b], e)
 		return 0, true
 	}
 	if e != nil && p.reserved[b] > 0 {
@@ -55,7 +56,7 @@ func (p *pipeline) spend(b level, now time.Time, reached bool) {
 	} else {
 		for e := range p.held[b] {
 			delete(p.held[b], e)
-			if p.writable(e) {
+			if p.writable(e, now) {
 				p.queue.Add(e)
 				break
 			}
@@ -89,14 +90,18 @@ func (p *pipeline) noToken(b level) attemptResult {
 	return attemptThrottled
 }
 
-// writable tells whether e has a write to make: lines pending and not given
-// up, or an end still to write. Called with p.mu held.
-func (p *pipeline) writable(e *entry) bool {
+// writable tells whether e has a write to make now: lines pending and not
+// given up, or an end still to write, with no write in flight, no backoff
+// and no Retry-After to wait out. Called with p.mu held.
+func (p *pipeline) writable(e *entry, now time.Time) bool {
+	if e.inflight || e.retryAt.After(now) || e.asked.After(now) {
+		return false
+	}
 	if e.end != nil {
 		_, ok := p.ends[e]
-		return ok && !e.inflight
+		return ok
 	}
-	return e.pending() > 0 && e.dropped == 0 && !e.inflight
+	return e.pending() > 0 && e.dropped == 0
 }
 
 // backoffFor is the wait after the n-th failure in a row: exponential,
