@@ -44,3 +44,41 @@ func TestReviewFlushHonoursRetryAfterOfWriteInHand(t *testing.T) {
 			creates, len(events(t, api)), d.dropped[dropShutdown])
 	}
 }
+
+// TestReviewEndDecidedDuringFlushIsWritten: "Ends still unwritten at
+// shutdown are written in the flush if their bucket has a token." A
+// storm's create is in flight when stop comes, and the storm has been quiet
+// for longer than QUIET when it is back: the writer that had it in hand
+// decides its end, during the flush. The end bucket is full and the API
+// answers: the end must be written in the flush, not dropped unsaid.
+func TestReviewEndDecidedDuringFlushIsWritten(t *testing.T) {
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, time.Minute))
+	entered, release := holdFirstCreateThen(api, fault{})
+	before := readLedger()
+	for range 12 {
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	worker := make(chan struct{})
+	go func() { defer close(worker); p.processNext() }()
+	<-entered // the storm's create is in flight
+	clk.Step(2 * time.Minute)
+
+	done := make(chan struct{})
+	go func() { defer close(done); p.stop(2 * time.Second) }()
+	waitUntil(t, "the flush to wait for the write in hand", flushWaiting(p))
+	close(release) // the storm is written; its quiet is long past
+	<-worker
+	<-done
+
+	checkLedger(t, api, before, 12)
+	var ends int
+	for _, ev := range events(t, api) {
+		if ev.Reason == "CoreDNSErrorEnded" {
+			ends++
+		}
+	}
+	if ends != 1 {
+		t.Errorf("%d events, %d ends, %.2f tokens in the end bucket after the flush: the end decided while the flush ran was never written",
+			len(events(t, api)), ends, p.buckets[endBucket].TokensAt(clk.Now()))
+	}
+}
