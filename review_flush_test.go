@@ -82,3 +82,60 @@ func TestReviewEndDecidedDuringFlushIsWritten(t *testing.T) {
 			len(events(t, api)), ends, p.buckets[endBucket].TokensAt(clk.Now()))
 	}
 }
+
+// TestReviewHandedBackTokenGoesToAnEventThatUsesIt: "An event that finds
+// the bucket's tokens all held by requests in flight waits as if they will
+// be spent; each token that comes back unspent is handed at once to one
+// event that waits so." Two requests of the error bucket (BURST 2) are in
+// flight. A finds the tokens held; once one of them is spent and the
+// bucket refilled, A is written, answered 429 with Retry-After 600 s, and
+// waits for that. B then finds the last token held. That request never
+// reaches the server: its token must go to B, which waits for it, and B
+// be written at once, not to A, which waits out its Retry-After and leaves
+// the token unused while B waits a whole refill (300 s). Which waiting
+// event is woken is left to chance; the scenario runs 20 times.
+func TestReviewHandedBackTokenGoesToAnEventThatUsesIt(t *testing.T) {
+	for trial := range 20 {
+		p, api, clk := newTestPipeline(t, testConfig(all, 1.0/300, 2, 64))
+		inFlight := func() { // a request of the error bucket leaves, holding a token
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if _, ok := p.reserve(levelError, nil, clk.Now()); !ok {
+				t.Fatal("no token for a request")
+			}
+		}
+		back := func(reached bool) { // a request of the error bucket ends
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.spend(levelError, clk.Now(), reached)
+		}
+		inFlight() // X
+		inFlight() // Y
+		p.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+		drain(p) // A: both tokens held
+		back(true)
+		clk.Step(300 * time.Second) // Y reached the server; the bucket refilled one
+		api.setFault(func(apiRequest) fault { return fault{code: 429, retryAfter: 600} })
+		p.mu.Lock()
+		a := p.cache.Values()[0]
+		p.mu.Unlock()
+		p.sync(a) // A is written: 429, Retry-After 600 s
+		api.setFault(nil)
+		if creates, _ := api.writes(); creates != 1 {
+			t.Fatalf("A's write was not made: %d creates", creates)
+		}
+		p.observe(ln(levelError, "errors", "upstream B down", clk.Now()))
+		drain(p)    // B: the bucket's one token is held by X
+		back(false) // X never reached the server: its token is back
+		drain(p)
+
+		var b bool
+		for _, ev := range events(t, api) {
+			b = b || ev.Message == "plugin/errors: upstream B down"
+		}
+		if !b {
+			t.Fatalf("trial %d: X's token came back unspent, B waited for it, the API answers: B is not written, %.2f tokens unused in the bucket; "+
+				"the token went to A, which waits for its Retry-After", trial, p.buckets[levelError].TokensAt(clk.Now()))
+		}
+	}
+}
