@@ -1,6 +1,8 @@
 package k8s_event
 
 import (
+	"net/http"
+	"sync"
 	"testing"
 	"time"
 )
@@ -137,5 +139,53 @@ func TestReviewHandedBackTokenGoesToAnEventThatUsesIt(t *testing.T) {
 			t.Fatalf("trial %d: X's token came back unspent, B waited for it, the API answers: B is not written, %.2f tokens unused in the bucket; "+
 				"the token went to A, which waits for its Retry-After", trial, p.buckets[levelError].TokensAt(clk.Now()))
 		}
+	}
+}
+
+// TestReviewStopHungWritesStallNoOtherBucket: at shutdown "every pending
+// event whose bucket has a token is written"; "A write already in flight
+// then (one that hangs, say) holds up only its own event"; buckets are per
+// reason "so that a flood of one level cannot starve another". Both writers
+// are in error creates that get no answer, holding the error bucket's two
+// tokens; two more errors wait for those tokens, and a warning is pending,
+// its bucket full, the API answering warnings at once. The warning must be
+// written in the flush, not dropped as shutdown behind the errors that
+// wait for the hung writes.
+func TestReviewStopHungWritesStallNoOtherBucket(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1.0/300, 2, 64))
+	var inFlight sync.WaitGroup
+	inFlight.Add(2)
+	client := gatedClient(t, api, func(n int, r *http.Request) bool {
+		if n > 2 {
+			return true
+		}
+		inFlight.Done()
+		<-r.Context().Done() // no answer until the client gives up
+		return false
+	})
+	p.client.Store(&client)
+	before := readLedger()
+	p.start()
+	p.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	p.observe(ln(levelError, "errors", "upstream B down", clk.Now()))
+	inFlight.Wait() // both writers are in an error create
+	p.observe(ln(levelError, "errors", "upstream C down", clk.Now()))
+	p.observe(ln(levelError, "errors", "upstream D down", clk.Now()))
+	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	start := time.Now()
+	p.stop(2 * time.Second)
+	took := time.Since(start)
+
+	d := checkLedger(t, api, before, 5)
+	var warnings int
+	for _, ev := range events(t, api) {
+		if ev.Reason == "CoreDNSWarning" {
+			warnings++
+		}
+	}
+	if warnings != 1 {
+		t.Errorf("stop took %v of its 2 s; %d warning events, dropped{shutdown} %v, %.2f tokens in the warnings' bucket: "+
+			"the pending warning was not written while the writers' error creates hung",
+			took.Round(time.Millisecond), warnings, d.dropped[dropShutdown], p.buckets[levelWarning].TokensAt(clk.Now()))
 	}
 }
