@@ -189,3 +189,68 @@ func TestReviewStopHungWritesStallNoOtherBucket(t *testing.T) {
 			took.Round(time.Millisecond), warnings, d.dropped[dropShutdown], p.buckets[levelWarning].TokensAt(clk.Now()))
 	}
 }
+
+// TestReviewFlushTakesEvictedWriteInHandOnceBack: at shutdown, "A write
+// already in flight then (one that hangs, say) holds up only its own
+// event, which the flush takes once it is back"; an evicted event whose
+// last write got no answer "stays ... until one more write settles it;
+// only a shutdown that comes first leaves it unsettled". The writers have
+// A's and C's creates in hand when B evicts A (CACHESIZE 2); stop comes,
+// and the flush writes B. A's create then comes back without an answer: A
+// waits for one more write, the flush has almost all its 2 s left, the API
+// answers and the bucket is full. The flush must take A and write it, not
+// drop it as shutdown.
+func TestReviewFlushTakesEvictedWriteInHandOnceBack(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 2))
+	var entered [3]chan struct{}
+	var release [3]chan struct{}
+	for i := range entered {
+		entered[i], release[i] = make(chan struct{}), make(chan struct{})
+	}
+	client := gatedClient(t, api, func(n int, _ *http.Request) bool {
+		if n <= 2 {
+			close(entered[n])
+			<-release[n]
+		}
+		return true
+	})
+	p.client.Store(&client)
+	var lost sync.Once
+	before := readLedger()
+	p.start()
+	p.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	<-entered[1] // A's create is in hand
+	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	<-entered[2]                                                      // C's create is in hand
+	p.observe(ln(levelError, "errors", "upstream B down", clk.Now())) // evicts A
+
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); p.stop(2 * time.Second) }()
+	waitUntil(t, "the flush to write B", func() bool { return len(events(t, api)) == 1 })
+	api.setFault(func(r apiRequest) fault { // A's create gets no answer
+		f := fault{}
+		lost.Do(func() { f.lost = true })
+		return f
+	})
+	close(release[1])
+	waitUntil(t, "A to wait for one more write", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.settling) == 1
+	})
+	close(release[2]) // C's create is written
+	<-done
+	took := time.Since(start)
+
+	d := checkLedger(t, api, before, 3)
+	var a bool
+	for _, ev := range events(t, api) {
+		a = a || ev.Message == "plugin/errors: upstream A down"
+	}
+	if !a {
+		t.Errorf("stop took %v of its 2 s: %d events, A is not written, dropped{shutdown} %v, %.2f error tokens left: "+
+			"the flush never took the event whose write was in hand once it came back",
+			took.Round(time.Millisecond), len(events(t, api)), d.dropped[dropShutdown], p.buckets[levelError].TokensAt(clk.Now()))
+	}
+}
