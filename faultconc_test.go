@@ -72,7 +72,14 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	stats.seeds++
 
 	rounds := 6 + m.rng.IntN(10)
-	for range rounds {
+	// In a third of the seeds, stop comes right after a round's lines are
+	// logged: writes in flight, lines on their way to the correlator,
+	// entries waiting out backoffs, and the flush has to sort them out.
+	stopIn := -1
+	if m.rng.IntN(3) == 0 {
+		stopIn = m.rng.IntN(rounds)
+	}
+	for round := range rounds {
 		stats.steps++
 		if m.rng.IntN(3) == 0 {
 			modes := []apiMode{apiHealthy, apiRefusing, apiSilent, apiFlaky, apiFlaky}
@@ -115,6 +122,9 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		wg.Wait()
 		m.fed += float64(len(lines))
 		stats.lines += len(lines)
+		if round == stopIn {
+			return m.stopConcurrent(stats)
+		}
 		m.clk.Step(time.Duration(1+m.rng.IntN(90)) * time.Second)
 		if err := m.quietCheck(); err != nil {
 			return err
@@ -151,8 +161,19 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		}
 	}
 	m.p.mu.Unlock()
+	return m.stopConcurrent(stats)
+}
 
-	m.p.stop(time.Second)
+// stopConcurrent stops the pipeline, whatever it is doing, and checks the
+// contract once it is over: every line written, or dropped with its cause,
+// and stop within its time (with room for a slow machine).
+func (m *model) stopConcurrent(stats *faultStats) error {
+	const timeout = time.Second
+	start := time.Now()
+	m.p.stop(timeout)
+	if took := time.Since(start); took > timeout+2*time.Second {
+		return fmt.Errorf("stop took %v of its %v", took, timeout)
+	}
 	if err := m.quietCheck(); err != nil {
 		return fmt.Errorf("after stop: %w", err)
 	}
