@@ -54,3 +54,16 @@ func TestFlushWaitsForTokenOfWriteInHand(t *testing.T) {
 		t.Errorf("dropped %v, want X's line as evicted", d.dropped)
 	}
 }
+
+// TestFlushPausesBetweenTries: in the flush, "failed writes are tried again
+// every flushPause": an API server that answers 503, with no Retry-After,
+// for the whole of a 1 s flush gets a try every 200 ms, not a stream.
+func TestFlushPausesBetweenTries(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	api.setFault(func(apiRequest) fault { return fault{code: http.StatusServiceUnavailable} })
+	p.observe(ln(levelError, "errors", "upstream down", clk.Now()))
+	p.stop(time.Second)
+	if creates, _ := api.writes(); creates > 6 {
+		t.Errorf("%d creates in a 1 s flush answered 503, want at most 6 (one every 200 ms)", creates)
+	}
+}

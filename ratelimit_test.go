@@ -885,3 +885,48 @@ func TestTokenHandedBackWakesOne(t *testing.T) {
 		t.Errorf("%d events woken by one token handed back, want 1", n)
 	}
 }
+
+// TestBackoffBounds: "exponential backoff from 1 s up to 1 min, plus up to
+// 20% jitter, and never sooner than a Retry-After asks".
+func TestBackoffBounds(t *testing.T) {
+	p, _, _ := newTestPipeline(t, testConfig(all, 1, 1, 1))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for n := 1; n <= 12; n++ {
+		base := min(retryBase<<min(n-1, 7), retryMax)
+		lo, hi := base, base+base/5
+		for range 200 {
+			if d := p.backoffFor(n, 0); d < lo || d > hi {
+				t.Fatalf("backoff after %d failures: %v, want %v to %v", n, d, lo, hi)
+			}
+		}
+	}
+	if d := p.backoffFor(1, 90*time.Second); d != 90*time.Second {
+		t.Errorf("backoff with a Retry-After of 90 s: %v", d)
+	}
+}
+
+// TestTokenHandedBackAfterAnotherSpent: with two requests in flight, one
+// spending its token and the other handing it back, the event that found
+// both held is woken by the one handed back.
+func TestTokenHandedBackAfterAnotherSpent(t *testing.T) {
+	p, _, clk := newTestPipeline(t, testConfig(all, defaultQPS, 2, 64))
+	p.observe(ln(levelError, "errors", "upstream C down", clk.Now()))
+	e, _ := p.queue.Get()
+	p.queue.Done(e)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range 2 {
+		if _, ok := p.reserve(levelError, nil, clk.Now()); !ok {
+			t.Fatal("no token in a full bucket")
+		}
+	}
+	if _, ok := p.reserve(levelError, e, clk.Now()); ok {
+		t.Fatal("a third token from a bucket of two")
+	}
+	p.spend(levelError, clk.Now(), true)  // reached the server: spent
+	p.spend(levelError, clk.Now(), false) // never left: handed back
+	if n := p.queue.Len(); n != 1 {
+		t.Errorf("%d events woken by the token handed back, want 1", n)
+	}
+}
