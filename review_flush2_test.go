@@ -1,0 +1,67 @@
+package k8s_event
+
+import (
+	"net/http"
+	"testing"
+	"time"
+)
+
+// TestReviewFlushEndNotHeldByHungWriteInHand: at shutdown, "A write
+// already in flight then (one that hangs, say) holds up only its own
+// event", and "Ends still unwritten at shutdown are written in the flush if
+// their bucket has a token." Both writers have a create in hand when stop
+// comes: a storm's, answered soon after, and a warning's, which hangs. The
+// storm has been quiet for longer than QUIET when its write is back: the
+// writer decides its end. The end bucket is full, the API answers, the
+// flush has almost all its 2 s left: the end must be written, not held up
+// by the other writer's hung create until the time is up.
+func TestReviewFlushEndNotHeldByHungWriteInHand(t *testing.T) {
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, time.Minute))
+	var entered [3]chan struct{}
+	for i := range entered {
+		entered[i] = make(chan struct{})
+	}
+	release := make(chan struct{})
+	client := gatedClient(t, api, func(n int, r *http.Request) bool {
+		switch n {
+		case 1: // the storm's create
+			close(entered[1])
+			<-release
+		case 2: // the warning's create: no answer until the client gives up
+			close(entered[2])
+			<-r.Context().Done()
+		}
+		return true
+	})
+	p.client.Store(&client)
+	before := readLedger()
+	p.start()
+	for range 12 {
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	<-entered[1]
+	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	<-entered[2]
+	clk.Step(2 * time.Minute)
+
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); p.stop(2 * time.Second) }()
+	waitUntil(t, "the flush to wait for the writes in hand", flushWaiting(p))
+	close(release) // the storm is written; its quiet is long past
+	<-done
+	took := time.Since(start)
+
+	checkLedger(t, api, before, 13)
+	var ends int
+	for _, ev := range events(t, api) {
+		if ev.Reason == "CoreDNSErrorEnded" {
+			ends++
+		}
+	}
+	if ends != 1 {
+		t.Errorf("stop took %v of its 2 s; %d events, %d ends, %.2f tokens in the end bucket: "+
+			"the end decided once the storm's write was back was held up by the other writer's hung create and never written",
+			took.Round(time.Millisecond), len(events(t, api)), ends, p.buckets[endBucket].TokensAt(clk.Now()))
+	}
+}
