@@ -2,6 +2,7 @@ package k8s_event
 
 import (
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 )
@@ -63,5 +64,48 @@ func TestReviewFlushEndNotHeldByHungWriteInHand(t *testing.T) {
 		t.Errorf("stop took %v of its 2 s; %d events, %d ends, %.2f tokens in the end bucket: "+
 			"the end decided once the storm's write was back was held up by the other writer's hung create and never written",
 			took.Round(time.Millisecond), len(events(t, api)), ends, p.buckets[endBucket].TokensAt(clk.Now()))
+	}
+}
+
+// TestReviewFlushHungFlushWritesStallNoOtherBucket: at shutdown "every
+// pending event whose bucket has a token is written", and "an event that
+// waits ... is put aside while the others are written"; buckets are per
+// reason "so that a flood of one level cannot starve another". Two errors
+// and a warning are pending when stop comes; the flush's creates of the two
+// errors get no answer. The warning's bucket is full, the API answers
+// warnings at once, and the flush has its 2 s: the warning must be written,
+// not dropped as shutdown behind the two hung error creates.
+func TestReviewFlushHungFlushWritesStallNoOtherBucket(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	var hung sync.WaitGroup
+	hung.Add(2)
+	client := gatedClient(t, api, func(n int, r *http.Request) bool {
+		if n <= 2 { // the flush's first two creates: no answer until the client gives up
+			hung.Done()
+			<-r.Context().Done()
+		}
+		return true
+	})
+	p.client.Store(&client)
+	before := readLedger()
+	p.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	p.observe(ln(levelError, "errors", "upstream B down", clk.Now()))
+	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	start := time.Now()
+	p.stop(2 * time.Second)
+	took := time.Since(start)
+	hung.Wait()
+
+	d := checkLedger(t, api, before, 3)
+	var warnings int
+	for _, ev := range events(t, api) {
+		if ev.Reason == "CoreDNSWarning" {
+			warnings++
+		}
+	}
+	if warnings != 1 {
+		t.Errorf("stop took %v of its 2 s; %d warning events, dropped{shutdown} %v, %.2f tokens in the warnings' bucket: "+
+			"the pending warning was not written while the flush's own error creates hung",
+			took.Round(time.Millisecond), warnings, d.dropped[dropShutdown], p.buckets[levelWarning].TokensAt(clk.Now()))
 	}
 }
