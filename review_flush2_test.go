@@ -1,7 +1,9 @@
 package k8s_event
 
 import (
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,5 +109,98 @@ func TestReviewFlushHungFlushWritesStallNoOtherBucket(t *testing.T) {
 		t.Errorf("stop took %v of its 2 s; %d warning events, dropped{shutdown} %v, %.2f tokens in the warnings' bucket: "+
 			"the pending warning was not written while the flush's own error creates hung",
 			took.Round(time.Millisecond), warnings, d.dropped[dropShutdown], p.buckets[levelWarning].TokensAt(clk.Now()))
+	}
+}
+
+// TestReviewFlushEndNotHeldByRetryAfterOfAnother: at shutdown "an event
+// that waits (for a token held in flight, a Retry-After, or the pause
+// between its tries) is put aside while the others are written", and "Ends
+// still unwritten at shutdown are written in the flush if their bucket has
+// a token." Both writers have a create in hand when stop comes: a
+// warning's, answered 429 with Retry-After 1 s, and a storm's, answered at
+// once, the storm quiet for longer than QUIET: the writer decides its end.
+// The warning waits its second; the end bucket is full and the API
+// answers: the end must be written while the warning waits, not after it.
+func TestReviewFlushEndNotHeldByRetryAfterOfAnother(t *testing.T) {
+	p, api, clk := newTestPipeline(t, quietConfig(100, 100, time.Minute))
+	entered := [3]chan struct{}{nil, make(chan struct{}), make(chan struct{})}
+	release := [3]chan struct{}{nil, make(chan struct{}), make(chan struct{})}
+	var mu sync.Mutex
+	var warningRetried, endBefore bool
+	client := gatedClient(t, api, func(n int, r *http.Request) bool {
+		if n <= 2 {
+			close(entered[n])
+			<-release[n]
+			return true
+		}
+		if r.GetBody == nil {
+			return true
+		}
+		body, _ := r.GetBody()
+		b, _ := io.ReadAll(body)
+		if strings.Contains(string(b), "slow answers") { // the warning's next try
+			var end bool
+			for _, ev := range events(t, api) {
+				end = end || ev.Reason == "CoreDNSErrorEnded"
+			}
+			mu.Lock()
+			if !warningRetried {
+				warningRetried, endBefore = true, end
+			}
+			mu.Unlock()
+		}
+		return true
+	})
+	p.client.Store(&client)
+	var first sync.Once
+	api.setFault(func(r apiRequest) fault { // the first create answered: the warning's
+		f := fault{}
+		if r.verb == "create" {
+			first.Do(func() { f = fault{code: 429, retryAfter: 1} })
+		}
+		return f
+	})
+	before := readLedger()
+	p.start()
+	for range 12 {
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	<-entered[1] // the storm's create is in hand
+	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	<-entered[2] // the warning's create is in hand
+	clk.Step(2 * time.Minute)
+
+	done := make(chan struct{})
+	go func() { defer close(done); p.stop(3 * time.Second) }()
+	waitUntil(t, "the flush to wait for the writes in hand", flushWaiting(p))
+	close(release[2]) // the warning: 429, Retry-After 1 s
+	waitUntil(t, "the warning to wait for its Retry-After", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, e := range p.cache.Values() {
+			if e.key.level == levelWarning && !e.inflight && !e.asked.IsZero() {
+				return true
+			}
+		}
+		return false
+	})
+	close(release[1]) // the storm is written; its quiet is long past
+	<-done
+
+	checkLedger(t, api, before, 13)
+	mu.Lock()
+	defer mu.Unlock()
+	if !warningRetried {
+		t.Fatalf("the warning was not tried again in the 3 s flush after its Retry-After of 1 s")
+	}
+	if !endBefore {
+		var ends int
+		for _, ev := range events(t, api) {
+			if ev.Reason == "CoreDNSErrorEnded" {
+				ends++
+			}
+		}
+		t.Errorf("the end, its bucket full, was not written while the warning waited out its Retry-After (%d ends after the flush): "+
+			"the end decided at stop waits behind the other event's wait", ends)
 	}
 }
