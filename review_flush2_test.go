@@ -38,10 +38,10 @@ func TestReviewFlushEndNotHeldByHungWriteInHand(t *testing.T) {
 	})
 	p.client.Store(&client)
 	before := readLedger()
-	p.start()
-	for range 12 {
+	for range 12 { // all the storm's lines are in its first write
 		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
 	}
+	p.start()
 	<-entered[1]
 	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
 	<-entered[2]
@@ -161,10 +161,10 @@ func TestReviewFlushEndNotHeldByRetryAfterOfAnother(t *testing.T) {
 		return f
 	})
 	before := readLedger()
-	p.start()
-	for range 12 {
+	for range 12 { // all the storm's lines are in its first write
 		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
 	}
+	p.start()
 	<-entered[1] // the storm's create is in hand
 	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
 	<-entered[2] // the warning's create is in hand
