@@ -204,3 +204,68 @@ func TestReviewFlushEndNotHeldByRetryAfterOfAnother(t *testing.T) {
 			"the end decided at stop waits behind the other event's wait", ends)
 	}
 }
+
+// TestReviewFlushEndNotHeldByHungEvictedWriteInHand: at shutdown "A write
+// already in flight then (one that hangs, say) holds up only its own
+// event", and "Ends still unwritten at shutdown are written in the flush if
+// their bucket has a token." The writers have a warning's create, which
+// hangs, and a storm's in hand when a third event evicts the warning
+// (CACHESIZE 2); stop comes, the flush writes the third event, and the
+// storm's create is answered, the storm quiet for longer than QUIET: the
+// writer decides its end. Nothing else is pending, the end bucket is full,
+// the API answers and the flush has almost all its 2 s left: the end must
+// be written, not wait for the evicted warning's hung create.
+func TestReviewFlushEndNotHeldByHungEvictedWriteInHand(t *testing.T) {
+	cfg := quietConfig(100, 100, time.Minute)
+	cfg.cacheSize = 2
+	p, api, clk := newTestPipeline(t, cfg)
+	enteredH, enteredS, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	client := gatedClient(t, api, func(_ int, r *http.Request) bool {
+		var b []byte
+		if r.GetBody != nil {
+			body, _ := r.GetBody()
+			b, _ = io.ReadAll(body)
+		}
+		switch {
+		case strings.Contains(string(b), "slow answers"): // no answer until the client gives up
+			close(enteredH)
+			<-r.Context().Done()
+		case strings.Contains(string(b), "upstream unhealthy") && !strings.Contains(string(b), "Ended"):
+			close(enteredS)
+			<-release
+		}
+		return true
+	})
+	p.client.Store(&client)
+	before := readLedger()
+	p.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	for range 12 { // all the storm's lines are in its first write
+		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
+	}
+	p.start()
+	<-enteredH
+	<-enteredS
+	p.observe(ln(levelError, "errors", "upstream K down", clk.Now())) // evicts the warning
+	clk.Step(2 * time.Minute)
+
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); p.stop(2 * time.Second) }()
+	waitUntil(t, "the flush to write the third event", func() bool { return len(events(t, api)) == 1 })
+	close(release) // the storm is written; its quiet is long past
+	<-done
+	took := time.Since(start)
+
+	checkLedger(t, api, before, 14)
+	var ends int
+	for _, ev := range events(t, api) {
+		if ev.Reason == "CoreDNSErrorEnded" {
+			ends++
+		}
+	}
+	if ends != 1 {
+		t.Errorf("stop took %v of its 2 s; %d events, %d ends, %.2f tokens in the end bucket: "+
+			"the end decided once the storm's write was back waited for the evicted warning's hung create and was never written",
+			took.Round(time.Millisecond), len(events(t, api)), ends, p.buckets[endBucket].TokensAt(clk.Now()))
+	}
+}
