@@ -148,7 +148,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.p.writeTimeout = 250 * time.Millisecond
 	m.p.fatalTimeout = 20 * time.Millisecond
 	m.p.flushPause = time.Millisecond
-	m.p.flushers = 1
+	m.p.flushInTurn = true
 	m.p.rand = rand.New(rand.NewPCG(seed, 1))
 	m.p.queue.ShutDown() // the model is the scheduler: due() runs what is due
 	defer m.p.cancel()

@@ -2,6 +2,7 @@ package k8s_event
 
 import (
 	"cmp"
+	"context"
 	"slices"
 	"sync"
 	"time"
@@ -12,70 +13,59 @@ import (
 // Failed writes are tried again every flushPause, and no sooner than a
 // Retry-After asks: only those that reach the API cost a token. It starts
 // as soon as the workers stop taking entries, while they finish the write
-// in hand; an entry that waits (for a Retry-After, a pause, a token held
-// by a request in flight, or its own write in hand) is put aside, so that
-// the flushers take other entries meanwhile and one slow request holds up
-// only what waits for it.
+// in hand. One dispatcher hands the entries, in order, to goroutines of
+// their own, one at a time: the next goes once the one before has taken
+// its token and sent its request, or is done. So tokens go in order, and
+// a request that hangs holds up only its own event. An entry that waits
+// (for a Retry-After, a pause, a token held by a request in flight, or its
+// own write in hand) is put aside and looked at again in its turn. What
+// turns up meanwhile is flushed too: the end of a storm whose last write
+// was in hand, an evicted event whose write in hand got no answer.
 
-// flush offers first what is pending now, those whose write is in hand
-// last; then, once the workers are gone, what they left that was not
-// offered yet: the end of a storm whose last write was in hand when the
-// flush began.
+// flush runs the dispatcher until nothing is left, or the time is up.
 func (p *pipeline) flush() {
-	offered := map[*entry]struct{}{}
-	for round := 0; p.ctx.Err() == nil; round++ {
-		p.mu.Lock()
-		var todo []*entry
-		for _, e := range append(p.pendingEntries(), p.endEntries()...) {
-			if _, ok := offered[e]; !ok {
-				offered[e] = struct{}{}
-				todo = append(todo, e)
-			}
-		}
-		slices.SortStableFunc(todo, func(a, b *entry) int {
-			return cmp.Compare(boolInt(a.inflight), boolInt(b.inflight))
-		})
-		p.mu.Unlock()
-		if len(todo) == 0 && round > 0 {
-			return
-		}
-		p.flushAll(todo)
-		if round == 0 {
-			p.waitWorkers()
-		}
-	}
-}
-
-// waitWorkers waits for the workers to finish the write in hand, or for
-// the flush's time to be up.
-func (p *pipeline) waitWorkers() {
-	done := make(chan struct{})
+	workersGone := make(chan struct{})
 	go func() {
 		p.workersDone.Wait()
-		close(done)
+		close(workersGone)
 	}()
-	select {
-	case <-done:
-	case <-p.ctx.Done():
-	}
-}
-
-// flushAll flushes todo with p.flushers goroutines.
-func (p *pipeline) flushAll(todo []*entry) {
-	q := &flushQueue{ready: todo, waiting: map[*entry]flushTurn{}, changed: make(chan struct{})}
+	q := &flushQueue{waiting: map[*entry]flushTurn{}, last: map[*entry]flushTurn{}, offered: map[*entry]struct{}{}, changed: make(chan struct{})}
+	p.mu.Lock()
+	q.offer(append(p.pendingEntries(), p.endEntries()...))
+	p.mu.Unlock()
 	var wg sync.WaitGroup
-	for range p.flushers {
+	for {
+		e, last, ok := q.next(p, workersGone)
+		if !ok {
+			break
+		}
+		sent, done := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		ctx := context.WithValue(p.ctx, requestSentKey{}, func() { once.Do(func() { close(sent) }) })
 		wg.Go(func() {
-			for {
-				e, last, ok := q.next(p)
-				if !ok {
-					return
-				}
-				q.put(e, p.flushOne(e, last))
-			}
+			defer close(done)
+			q.put(e, p.flushOne(ctx, e, last))
 		})
+		if p.flushInTurn {
+			sent = done
+		}
+		select {
+		case <-sent:
+		case <-done:
+		case <-p.ctx.Done():
+		}
 	}
 	wg.Wait()
+}
+
+// requestSentKey carries, in a flush's context, what request calls once
+// its request is on its way: the dispatcher then hands out the next entry.
+type requestSentKey struct{}
+
+func requestSent(ctx context.Context) {
+	if f, ok := ctx.Value(requestSentKey{}).(func()); ok {
+		f()
+	}
 }
 
 // flushTurn is when an entry put aside is looked at again: once a request
@@ -92,14 +82,18 @@ func (t flushTurn) done() bool { return t.ended == nil && t.at.IsZero() }
 // due tells whether the turn has come: its request ended or its time is up.
 func (t flushTurn) due(now time.Time) bool {
 	if t.ended != nil {
-		select {
-		case <-t.ended:
-			return true
-		default:
-			return false
-		}
+		return closed(t.ended)
 	}
 	return !now.Before(t.at)
+}
+
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // flushQueue holds the entries of a flush: ready ones, and those put aside.
@@ -108,54 +102,85 @@ type flushQueue struct {
 	ready   []*entry
 	waiting map[*entry]flushTurn
 	last    map[*entry]flushTurn // what the last turn of an entry kept
-	taken   int                  // entries in a flusher's hands
+	offered map[*entry]struct{}  // every entry ever offered
+	taken   int                  // entries in a flush goroutine's hands
 	changed chan struct{}        // closed, and made anew, when one is put back
 }
 
-// next hands a flusher the next entry whose turn it is, with what its last
-// turn was; it waits while every entry left is put aside, and tells false
-// once none is left or the flush's time is up.
-func (q *flushQueue) next(p *pipeline) (*entry, flushTurn, bool) {
+// offer adds the entries not offered before, those whose write is in hand
+// last: their turn waits for it. Called with p.mu held.
+func (q *flushQueue) offer(es []*entry) {
+	var fresh []*entry
+	for _, e := range es {
+		if _, ok := q.offered[e]; !ok {
+			q.offered[e] = struct{}{}
+			fresh = append(fresh, e)
+		}
+	}
+	slices.SortStableFunc(fresh, func(a, b *entry) int {
+		return cmp.Compare(boolInt(a.inflight), boolInt(b.inflight))
+	})
+	q.mu.Lock()
+	q.ready = append(q.ready, fresh...)
+	q.mu.Unlock()
+}
+
+// next hands out the next entry whose turn it is, with what its last turn
+// was; it waits while every entry left is put aside or in hand, and tells
+// false once none is left and the workers are gone, or the flush's time
+// is up.
+func (q *flushQueue) next(p *pipeline, workersGone <-chan struct{}) (*entry, flushTurn, bool) {
 	for {
+		gone := closed(workersGone)
+		// What a write in hand left since: an end, an event settling.
+		p.mu.Lock()
+		q.offer(append(p.settlingEntries(), p.endEntries()...))
+		ended := p.requestDone()
+		p.mu.Unlock()
+
 		q.mu.Lock()
 		now := time.Now()
-		var ended <-chan struct{}
 		var at time.Time
 		for e, t := range q.waiting {
 			switch {
 			case t.due(now):
 				delete(q.waiting, e)
 				q.ready = append(q.ready, e)
-			case t.ended != nil:
-				ended = t.ended // all still open are the one of the next request to end
-			case at.IsZero() || t.at.Before(at):
+			case t.ended == nil && (at.IsZero() || t.at.Before(at)):
 				at = t.at
 			}
 		}
 		if len(q.ready) > 0 {
 			e := q.ready[0]
 			q.ready = q.ready[1:]
-			last := q.turns(e)
+			last := q.last[e]
+			delete(q.last, e)
 			q.taken++
 			q.mu.Unlock()
 			return e, last, true
 		}
-		if len(q.waiting) == 0 && q.taken == 0 {
+		if len(q.waiting) == 0 && q.taken == 0 && gone {
 			q.mu.Unlock()
 			return nil, flushTurn{}, false
 		}
 		changed := q.changed
 		q.mu.Unlock()
+
 		var timer *time.Timer
 		var fire <-chan time.Time
 		if !at.IsZero() {
 			timer = time.NewTimer(at.Sub(now))
 			fire = timer.C
 		}
+		goneCh := workersGone
+		if gone {
+			goneCh = nil
+		}
 		select {
 		case <-ended:
 		case <-fire:
 		case <-changed:
+		case <-goneCh:
 		case <-p.ctx.Done():
 		}
 		if timer != nil {
@@ -167,15 +192,7 @@ func (q *flushQueue) next(p *pipeline) (*entry, flushTurn, bool) {
 	}
 }
 
-// turns is what the last turn of e kept: the Retry-After it waited out.
-// Called with q.mu held.
-func (q *flushQueue) turns(e *entry) flushTurn {
-	t := q.last[e]
-	delete(q.last, e)
-	return t
-}
-
-// put takes an entry back from a flusher: put aside until its turn, or
+// put takes an entry back from its goroutine: put aside until its turn, or
 // done with.
 func (q *flushQueue) put(e *entry, t flushTurn) {
 	q.mu.Lock()
@@ -183,9 +200,6 @@ func (q *flushQueue) put(e *entry, t flushTurn) {
 	q.taken--
 	if !t.done() {
 		q.waiting[e] = t
-		if q.last == nil {
-			q.last = map[*entry]flushTurn{}
-		}
 		q.last[e] = flushTurn{honoured: t.honoured}
 	}
 	close(q.changed)
@@ -193,9 +207,9 @@ func (q *flushQueue) put(e *entry, t flushTurn) {
 }
 
 // flushOne writes e, and tells when to look at it again if it has to wait.
-func (p *pipeline) flushOne(e *entry, last flushTurn) flushTurn {
+func (p *pipeline) flushOne(ctx context.Context, e *entry, last flushTurn) flushTurn {
 	honoured := last.honoured
-	for p.ctx.Err() == nil {
+	for ctx.Err() == nil {
 		p.mu.Lock()
 		// A Retry-After is honoured in the flush too: one answered before
 		// the flush, or to the write in hand when it began.
@@ -206,7 +220,7 @@ func (p *pipeline) flushOne(e *entry, last flushTurn) flushTurn {
 				return p.pause(asked, honoured)
 			}
 		}
-		res, _, report := p.attempt(p.ctx, e)
+		res, _, report := p.attempt(ctx, e)
 		var ended <-chan struct{}
 		if res == attemptBusy || res == attemptInFlight {
 			ended = p.requestDone()

@@ -94,7 +94,7 @@ type pipeline struct {
 	writeTimeout time.Duration
 	fatalTimeout time.Duration
 	flushPause   time.Duration
-	flushers     int
+	flushInTurn  bool      // the flush makes one attempt at a time (the stepped fault model replays so)
 	flushEnd     time.Time // set by stop before the flush starts
 
 	started        atomic.Bool
@@ -121,7 +121,6 @@ func newPipeline(cfg config, client kubernetes.Interface, pod *podIdentity, clk 
 		writeTimeout:   writeTimeout,
 		fatalTimeout:   fatalTimeout,
 		flushPause:     flushPause,
-		flushers:       workers,
 		correlatorDone: make(chan struct{}),
 	}
 	// client-go logs about a request through the logger of its context; a
@@ -248,7 +247,19 @@ func (p *pipeline) stop(timeout time.Duration) {
 // pendingEntries lists the entries with lines to write: those settling,
 // then the cache's from the least recently seen. Called with p.mu held.
 func (p *pipeline) pendingEntries() []*entry {
-	var out []*entry
+	out := p.settlingEntries()
+	for _, e := range p.cache.Values() {
+		if e.pending() > 0 && e.dropped == 0 {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// settlingEntries lists the settling entries, oldest first. Called with
+// p.mu held.
+func (p *pipeline) settlingEntries() []*entry {
+	out := make([]*entry, 0, len(p.settling))
 	for e := range p.settling {
 		out = append(out, e)
 	}
@@ -256,10 +267,5 @@ func (p *pipeline) pendingEntries() []*entry {
 		return cmp.Or(a.first.Compare(b.first), strings.Compare(a.key.plugin, b.key.plugin),
 			strings.Compare(a.key.message, b.key.message), cmp.Compare(a.key.level, b.key.level), strings.Compare(a.name, b.name))
 	})
-	for _, e := range p.cache.Values() {
-		if e.pending() > 0 && e.dropped == 0 {
-			out = append(out, e)
-		}
-	}
 	return out
 }

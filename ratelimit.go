@@ -230,6 +230,7 @@ func (p *pipeline) request(ctx context.Context, e *entry, b level, spec writeSpe
 	}
 	e.inflight = true
 	p.mu.Unlock()
+	requestSent(ctx)
 
 	res = p.write(ctx, spec, true)
 
