@@ -76,6 +76,10 @@ func (id *podIdentity) namespace() string {
 	return metav1.NamespaceDefault
 }
 
+// lookupBusyWait is how long a create that found the pod's read in flight
+// waits before it tries again.
+const lookupBusyWait = time.Second
+
 // errLookupPending says a create waits for the pod's UID.
 var errLookupPending = errors.New("the pod's UID is not known yet")
 
@@ -92,7 +96,17 @@ func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernet
 	if !id.lookup.Load() {
 		return id.current(), nil
 	}
-	id.mu.Lock()
+	// One read at a time. A create that finds one in flight does not wait
+	// for it (it may hang, and the create holds a token meanwhile): it
+	// hands its token back and is tried again shortly, as after a read due
+	// later; in the flush at shutdown, where there is no later, it goes on
+	// without the UID.
+	if !id.mu.TryLock() {
+		if p.flushing.Load() {
+			return id.current(), nil
+		}
+		return id.current(), &writeResult{outcome: writeFailed, verb: "get", lookup: true, wait: lookupBusyWait, err: errLookupPending}
+	}
 	defer id.mu.Unlock()
 	ref := id.current()
 	if !id.lookup.Load() {
