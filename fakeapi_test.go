@@ -97,18 +97,7 @@ func startFakeAPI(clk clock.PassiveClock) (*fakeAPI, error) {
 	cfg := &rest.Config{
 		Host: api.srv.URL, // client-go's defaults, as kubeapi leaves them: QPS 5, burst 10
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
-			return roundTripper(func(req *http.Request) (*http.Response, error) {
-				seq, f := api.decide(req)
-				switch {
-				case f.unsent:
-					return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
-				case f.lost:
-					return api.lose(rt, req, seq, f)
-				}
-				req = req.Clone(req.Context())
-				req.Header.Set(faultHeader, strconv.Itoa(seq))
-				return rt.RoundTrip(req)
-			})
+			return roundTripper(func(req *http.Request) (*http.Response, error) { return api.send(rt, req) })
 		},
 	}
 	var err error
@@ -118,6 +107,24 @@ func startFakeAPI(clk clock.PassiveClock) (*fakeAPI, error) {
 	}
 	return api, nil
 }
+
+// send is the client's side of a request: its fault is drawn, and it is
+// refused, lost or sent on rt to the server.
+func (api *fakeAPI) send(rt http.RoundTripper, req *http.Request) (*http.Response, error) {
+	seq, f := api.decide(req)
+	switch {
+	case f.unsent:
+		return nil, errRefused
+	case f.lost:
+		return api.lose(rt, req, seq, f)
+	}
+	req = req.Clone(req.Context())
+	req.Header.Set(faultHeader, strconv.Itoa(seq))
+	return rt.RoundTrip(req)
+}
+
+// errRefused is a connection refused: the request never left the client.
+var errRefused = &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 
 type roundTripper func(*http.Request) (*http.Response, error)
 

@@ -1,13 +1,9 @@
 package k8s_event
 
 import (
-	"net"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,18 +37,9 @@ func gatedClient(t *testing.T, api *fakeAPI, g gate) kubernetes.Interface {
 					api.mu.Lock()
 					api.refused++
 					api.mu.Unlock()
-					return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+					return nil, errRefused
 				}
-				id, f := api.decide(req)
-				switch {
-				case f.unsent:
-					return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
-				case f.lost:
-					return api.lose(rt, req, id, f)
-				}
-				req = req.Clone(req.Context())
-				req.Header.Set(faultHeader, strconv.Itoa(id))
-				return rt.RoundTrip(req)
+				return api.send(rt, req)
 			})
 		},
 	}
@@ -219,12 +206,7 @@ func TestReviewStopHungWriteHoldsNoOtherBucket(t *testing.T) {
 	took := time.Since(start)
 
 	d := checkLedger(t, api, before, 3)
-	var warnings int
-	for _, ev := range events(t, api) {
-		if ev.Reason == "CoreDNSWarning" {
-			warnings++
-		}
-	}
+	warnings := len(withReasonIn(events(t, api), "CoreDNSWarning"))
 	if warnings != 1 {
 		t.Errorf("stop took %v of its 2 s; %d warning events, dropped{shutdown} %v, %.2f tokens in the warnings' bucket: "+
 			"the pending warning was not written while the writers' error creates hung",

@@ -57,12 +57,7 @@ func TestReviewFlushEndNotHeldByHungWriteInHand(t *testing.T) {
 	took := time.Since(start)
 
 	checkLedger(t, api, before, 13)
-	var ends int
-	for _, ev := range events(t, api) {
-		if ev.Reason == "CoreDNSErrorEnded" {
-			ends++
-		}
-	}
+	ends := len(withReasonIn(events(t, api), "CoreDNSErrorEnded"))
 	if ends != 1 {
 		t.Errorf("stop took %v of its 2 s; %d events, %d ends, %.2f tokens in the end bucket: "+
 			"the end decided once the storm's write was back was held up by the other writer's hung create and never written",
@@ -100,12 +95,7 @@ func TestReviewFlushHungFlushWritesStallNoOtherBucket(t *testing.T) {
 	hung.Wait()
 
 	d := checkLedger(t, api, before, 3)
-	var warnings int
-	for _, ev := range events(t, api) {
-		if ev.Reason == "CoreDNSWarning" {
-			warnings++
-		}
-	}
+	warnings := len(withReasonIn(events(t, api), "CoreDNSWarning"))
 	if warnings != 1 {
 		t.Errorf("stop took %v of its 2 s; %d warning events, dropped{shutdown} %v, %.2f tokens in the warnings' bucket: "+
 			"the pending warning was not written while the flush's own error creates hung",
@@ -258,12 +248,7 @@ func TestReviewFlushEndNotHeldByHungEvictedWriteInHand(t *testing.T) {
 	took := time.Since(start)
 
 	checkLedger(t, api, before, 14)
-	var ends int
-	for _, ev := range events(t, api) {
-		if ev.Reason == "CoreDNSErrorEnded" {
-			ends++
-		}
-	}
+	ends := len(withReasonIn(events(t, api), "CoreDNSErrorEnded"))
 	if ends != 1 {
 		t.Errorf("stop took %v of its 2 s; %d events, %d ends, %.2f tokens in the end bucket: "+
 			"the end decided once the storm's write was back waited for the evicted warning's hung create and was never written",

@@ -55,12 +55,7 @@ func TestReviewFlushHungPodReadHoldsOnlyItsEvent(t *testing.T) {
 	<-hung
 
 	d := checkLedger(t, api, before, 2)
-	var warnings int
-	for _, ev := range events(t, api) {
-		if ev.Reason == "CoreDNSWarning" {
-			warnings++
-		}
-	}
+	warnings := len(withReasonIn(events(t, api), "CoreDNSWarning"))
 	if warnings != 1 {
 		t.Errorf("stop took %v of its 2 s; %d warning events, dropped{shutdown} %v, %.2f tokens in the warnings' bucket: "+
 			"the pending warning was not written while the error's read of the pod hung",

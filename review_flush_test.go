@@ -73,12 +73,7 @@ func TestReviewEndDecidedDuringFlushIsWritten(t *testing.T) {
 	<-done
 
 	checkLedger(t, api, before, 12)
-	var ends int
-	for _, ev := range events(t, api) {
-		if ev.Reason == "CoreDNSErrorEnded" {
-			ends++
-		}
-	}
+	ends := len(withReasonIn(events(t, api), "CoreDNSErrorEnded"))
 	if ends != 1 {
 		t.Errorf("%d events, %d ends, %.2f tokens in the end bucket after the flush: the end decided while the flush ran was never written",
 			len(events(t, api)), ends, p.buckets[endBucket].TokensAt(clk.Now()))
@@ -177,12 +172,7 @@ func TestReviewStopHungWritesStallNoOtherBucket(t *testing.T) {
 	took := time.Since(start)
 
 	d := checkLedger(t, api, before, 5)
-	var warnings int
-	for _, ev := range events(t, api) {
-		if ev.Reason == "CoreDNSWarning" {
-			warnings++
-		}
-	}
+	warnings := len(withReasonIn(events(t, api), "CoreDNSWarning"))
 	if warnings != 1 {
 		t.Errorf("stop took %v of its 2 s; %d warning events, dropped{shutdown} %v, %.2f tokens in the warnings' bucket: "+
 			"the pending warning was not written while the writers' error creates hung",
