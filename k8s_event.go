@@ -276,7 +276,7 @@ func (b *broadcaster) reconcileLocked() (stopping, error) {
 	if b.p == nil {
 		b.p = newPipeline(cfg, client, podFromEnv(), b.clock)
 		b.p.start()
-		return stopping{}, clog.RegisterListener(b.p)
+		return stopping{}, clog.RegisterListener(b.p.listener)
 	}
 	b.p.apply(cfg, client)
 	return stopping{}, nil
