@@ -102,10 +102,11 @@ func (p *pipeline) run() {
 			// listener a wake-up of another thread per line, one asleep
 			// for batchPause costs one per batch. Real time: this is about
 			// threads, not about what the lines say.
-			if now := time.Now(); now.Sub(batch) < stormGap {
+			now := time.Now()
+			if now.Sub(batch) < stormGap {
 				time.Sleep(batchPause)
 			}
-			batch = time.Now()
+			batch = now
 		case res := <-p.results:
 			p.sched.outcome(res, p.clock.Now())
 		case <-wake:
