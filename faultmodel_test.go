@@ -1,0 +1,504 @@
+package k8s_event
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// The stepped fault model drives the production scheduler, message by
+// message, through the harness (helpers_test.go), against the in-process
+// API server, through the real client-go, under a seeded schedule of
+// faults, lines, reloads, event expiries, fatal lines and a shutdown, and
+// checks every clause of the accounting contract after each step. Time is
+// a fake clock on which a request that gets no answer takes its time-out,
+// as in CoreDNS. One goroutine drives it, so that a seed replays the same
+// run:
+//
+//	go test -run TestFaultModel -faultmodel.seed=N -v .
+var (
+	faultSeeds = flag.Int("faultmodel.seeds", seedsFromEnv(300), "number of seeds the fault model runs (default $K8S_EVENT_FAULT_SEEDS or 300)")
+	faultSeed  = flag.Uint64("faultmodel.seed", 0, "run this seed of the fault model only")
+)
+
+// seedsFromEnv lets tools that cannot pass test flags (mutation testing)
+// set the number of seeds.
+func seedsFromEnv(n int) int {
+	if v, err := strconv.Atoi(os.Getenv("K8S_EVENT_FAULT_SEEDS")); err == nil && v > 0 {
+		return v
+	}
+	return n
+}
+
+// faultStats adds up what the runs injected and saw.
+type faultStats struct {
+	seeds, steps, lines, fatals, reloads, expiries, stops int
+	requests, refused                                     int
+	ends                                                  int // end events seen written
+	injected                                              map[string]int
+}
+
+func TestFaultModel(t *testing.T) {
+	stats := faultStats{injected: map[string]int{}}
+	start := time.Now()
+	first, n := uint64(1), uint64(*faultSeeds)
+	if *faultSeed != 0 {
+		first, n = *faultSeed, 1
+	}
+	for seed := first; seed < first+n; seed++ {
+		if err := runFaultModel(seed, &stats); err != nil {
+			t.Fatalf("seed %d: %v\nreplay: go test -run 'TestFaultModel$' -faultmodel.seed=%d -v .", seed, err, seed)
+		}
+	}
+	kinds := make([]string, 0, len(stats.injected))
+	for k := range stats.injected {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	var b strings.Builder
+	for _, k := range kinds {
+		fmt.Fprintf(&b, " %s=%d", k, stats.injected[k])
+	}
+	t.Logf("%d seeds in %v: %d steps, %d lines, %d fatal lines, %d reloads, %d expiries, %d stops, %d storm ends; %d requests reached the API, %d refused before; faults:%s",
+		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.fatals, stats.reloads, stats.expiries, stats.stops,
+		stats.ends, stats.requests, stats.refused, b.String())
+}
+
+// apiMode is how the API behaves during a step.
+type apiMode uint8
+
+const (
+	apiHealthy  apiMode = iota
+	apiRefusing         // connections refused: nothing reaches it
+	apiSilent           // connections accepted, never answered
+	apiFlaky            // each request meets a random fault, or none
+)
+
+// model is one run of the fault model.
+type model struct {
+	rng   *rand.Rand
+	clk   *clocktesting.FakeClock
+	api   *fakeAPI
+	h     *harness
+	p     *pipeline // the concurrent model's
+	stats *faultStats
+	mode  apiMode
+
+	before    ledger
+	fed       float64 // lines handed to the listener
+	expired   int64   // counts of events the TTL removed
+	realTime  bool    // the concurrent model: a silent API makes calls wait for their time-out
+	maxBurst  int
+	maxQPS    float64
+	lastFatal time.Duration
+	podReads  []apiRequest // the pod reads that reached the API, with the reason they were made for; under api.mu
+
+	quiet    time.Duration     // of every configuration of the run; 0: off
+	endNames map[string]string // the name of the end event of each end message seen
+}
+
+var (
+	faultConfigs = []config{
+		testConfig(all, defaultQPS, defaultBurst, defaultCacheSize),
+		testConfig(all, defaultQPS, 3, 4),
+		testConfig(all, 0.1, 2, 2),
+		testConfig(all, 1, 5, 16),
+		testConfig(all, 10, 1, 3),
+	}
+	modelPlugins = []string{"plugin/errors: ", "plugin/forward: ", "plugin/reload: "}
+	modelLevels  = []level{levelError, levelWarning, levelInfo}
+)
+
+func runFaultModel(seed uint64, stats *faultStats) (err error) {
+	m := &model{rng: rand.New(rand.NewPCG(seed, 0x6b38)), clk: clocktesting.NewFakeClock(epoch), stats: stats}
+	if m.api, err = startFakeAPI(m.clk); err != nil {
+		return err
+	}
+	defer m.api.close()
+	m.api.setFault(m.fault)
+
+	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
+	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
+	if m.rng.IntN(4) != 0 { // storms end after a quiet of 30 s to 3 min
+		m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
+	}
+	cfg.quiet = m.quiet
+	m.endNames = map[string]string{}
+	pod := testPod()
+	if m.rng.IntN(3) == 0 { // no UID from the downward API
+		pod = testPodWithoutUID()
+		if m.rng.IntN(2) == 0 {
+			m.api.addPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: testRef.Name, Namespace: testRef.Namespace, UID: testRef.UID}})
+		}
+	}
+	m.before = readLedger()
+	m.h = newHarnessOn(nil, cfg, m.api, m.clk, pod)
+	// A request that gets no answer takes its time-out on the fake clock;
+	// in real time the fake API loses its answer at once.
+	m.h.lostAfter = writeTimeout
+	m.h.writeTimeout = 250 * time.Millisecond
+	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
+	stats.seeds++
+
+	steps := 10 + m.rng.IntN(30)
+	for range steps {
+		if err := m.step(); err != nil {
+			return err
+		}
+	}
+	// Every run ends its outages with the API back for good, so that the
+	// clause of recovery within one maximal backoff is checked each time.
+	if err := m.recover(); err != nil {
+		return err
+	}
+	return m.stop()
+}
+
+// fault decides what happens to one request; the mode of the step sets
+// the odds.
+func (m *model) fault(r apiRequest) fault {
+	var f fault
+	var kind string
+	switch m.mode {
+	case apiRefusing:
+		f, kind = fault{unsent: true}, "refused"
+	case apiSilent:
+		// No answer ever comes. The client gives up at its time-out; the
+		// model skips that wait, but where the time a call takes is what
+		// is checked: the fatal line and the stop.
+		f, kind = fault{lost: !m.realTime, hang: m.realTime, apply: m.rng.IntN(4) == 0}, "silent"
+	case apiFlaky:
+		switch k := m.rng.IntN(24); k {
+		case 0, 1:
+			f, kind = fault{unsent: true}, "refused"
+		case 2, 3:
+			f, kind = fault{lost: true, apply: m.rng.IntN(2) == 0}, "lost"
+		case 4:
+			f, kind = fault{reset: true, apply: m.rng.IntN(2) == 0}, "reset"
+		case 5:
+			f, kind = fault{delay: time.Duration(m.rng.IntN(2000)) * time.Microsecond}, "slow"
+		case 6:
+			f, kind = fault{lost: !m.realTime, hang: m.realTime, apply: m.rng.IntN(2) == 0}, "hang"
+		case 7, 8, 9, 10, 11, 12, 14:
+			codes := []int{401, 403, 422, 429, 500, 503, 0, 504}
+			f.code = codes[k-7]
+			kind = fmt.Sprint(f.code)
+			if f.code == 429 && m.rng.IntN(2) == 0 {
+				f.retryAfter = 1 + m.rng.IntN(5)
+				kind = "429+Retry-After"
+			}
+			if f.code >= 500 && m.rng.IntN(2) == 0 {
+				// etcd committed, kube-apiserver timed out waiting for it
+				f.apply = true
+				kind += "+applied"
+			}
+		case 13:
+			switch r.verb {
+			case "create": // a patch's 404 comes from expiry, as on a real API
+				f, kind = fault{code: 404}, "404"
+			case "patch": // a create's 409 is a name taken, which unique names rule out
+				f, kind = fault{code: 409}, "409"
+			}
+		}
+	}
+	if kind != "" {
+		m.stats.injected[kind]++
+	}
+	if r.resource == "pods" && !f.unsent && m.h != nil {
+		// A pod read is made for the create of one entry, and takes the
+		// token of that entry's bucket. The stepped model sends from the
+		// goroutine that owns the scheduler, so it may look.
+		for _, fl := range m.h.s.flights {
+			if fl.read {
+				r.reason = bucketName(fl.bucket)
+			}
+		}
+		m.podReads = append(m.podReads, r)
+	}
+	return f
+}
+
+// bucketName names a bucket: its reason, or "ends" for the bucket the
+// ends of both levels share.
+func bucketName(b level) string {
+	if b == endBucket {
+		return "ends"
+	}
+	return b.reason()
+}
+
+// inspect runs f with the scheduler in the goroutine that owns it: the
+// model's own in the stepped model, the pipeline's run in the concurrent
+// one (or the test's, once run has returned).
+func (m *model) inspect(f func(s *scheduler)) {
+	if m.p == nil {
+		f(m.h.s)
+		return
+	}
+	done := make(chan struct{})
+	if m.p.post(context.Background(), func(time.Time) { f(m.p.sched); close(done) }) {
+		<-done
+		return
+	}
+	f(m.p.sched)
+}
+
+// step feeds lines, maybe reloads or expires, moves the clock, does what is
+// due meanwhile and checks the contract.
+func (m *model) step() error {
+	m.stats.steps++
+	if m.rng.IntN(4) == 0 {
+		modes := []apiMode{apiHealthy, apiRefusing, apiSilent, apiFlaky, apiFlaky}
+		m.mode = modes[m.rng.IntN(len(modes))]
+	}
+	for range m.rng.IntN(12) {
+		m.line()
+	}
+	m.h.take()
+	switch r := m.rng.IntN(40); {
+	case r < 3:
+		cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
+		switch m.rng.IntN(6) { // a reload may change quiet too, or turn it off or on
+		case 0:
+			m.quiet = 0
+		case 1:
+			m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
+		}
+		cfg.quiet = m.quiet
+		m.maxBurst, m.maxQPS = max(m.maxBurst, cfg.burst), max(m.maxQPS, cfg.qps)
+		m.h.apply(cfg)
+		m.stats.reloads++
+	case r < 5:
+		m.expired += m.api.expire()
+		m.stats.expiries++
+	case r < 6:
+		if err := m.fatal(); err != nil {
+			return err
+		}
+	}
+	m.h.advance(time.Duration(1+m.rng.IntN(90)) * time.Second)
+	return m.check()
+}
+
+// line logs one line through the listener: a repeat, a distinct line of a
+// storm, at one of three levels from one of three plugins.
+func (m *model) line() {
+	plugin := modelPlugins[m.rng.IntN(len(modelPlugins))]
+	var text string
+	if m.rng.IntN(3) == 0 {
+		text = fmt.Sprintf("%d q%d.example.org. A: i/o timeout", m.rng.IntN(3), m.rng.IntN(1000))
+	} else {
+		text = fmt.Sprintf("upstream %d unhealthy", m.rng.IntN(3))
+	}
+	switch modelLevels[m.rng.IntN(len(modelLevels))] {
+	case levelError:
+		m.h.Error(plugin, text)
+	case levelWarning:
+		m.h.Warning(plugin, text)
+	default:
+		m.h.Infof(plugin, "%s", text)
+	}
+	m.fed++
+	m.stats.lines++
+}
+
+// fatal logs a fatal line: it is written before the listener returns,
+// whatever else is in flight.
+func (m *model) fatal() error {
+	start := time.Now()
+	m.h.Fatal("plugin/reload: ", "cannot go on")
+	m.fed++
+	m.stats.fatals++
+	if took := time.Since(start); took > fatalTimeout+time.Second {
+		return fmt.Errorf("a fatal line took %v, fatal time %v", took, fatalTimeout)
+	}
+	return nil
+}
+
+// check holds the contract. Requests still in flight (those that hang
+// until their time-out) blur it as answers that never came do: each may
+// land with the lines it carries.
+func (m *model) check() error {
+	d := readLedger().since(m.before)
+	live := countsIn(m.api)
+	var doubt float64
+	var settling, cached, cacheSize, ends int
+	m.inspect(func(s *scheduler) {
+		for e := range s.active {
+			if e.doubt > 0 {
+				doubt += float64(min(e.doubt-e.carried, e.pending()))
+			}
+		}
+		for _, f := range s.flights {
+			if f.e != nil && f.e.end == nil && !f.read {
+				doubt += float64(min(f.e.base+f.count-f.e.carried, f.e.pending()))
+			}
+		}
+		doubt += float64(s.doubtful)
+		settling, cached, cacheSize = len(s.settling), s.corr.len(), s.set.cacheSize
+		ends = len(s.ends.list)
+	})
+
+	// An end is written once: retries of a create that got no answer take
+	// its name again, and no end is said twice.
+	for _, ev := range m.api.list() {
+		if !strings.HasSuffix(ev.Reason, "Ended") {
+			continue
+		}
+		if ev.Type != corev1.EventTypeNormal || ev.Count != 1 {
+			return fmt.Errorf("end event %q of type %s, count %d", ev.Message, ev.Type, ev.Count)
+		}
+		said := ev.Reason + " " + ev.Message
+		if _, ok := m.endNames[said]; !ok && m.quiet == 0 && m.p == nil {
+			// The check runs after every step: an end it has not seen was
+			// written since, and quiet is off since before that.
+			return fmt.Errorf("end event %q with quiet off", ev.Message)
+		}
+		if name, ok := m.endNames[said]; ok && name != ev.Name {
+			return fmt.Errorf("end %q written twice: %s and %s", said, name, ev.Name)
+		}
+		m.endNames[said] = ev.Name
+	}
+	if ends > cacheSize {
+		return fmt.Errorf("%d ends waiting, cache size %d", ends, cacheSize)
+	}
+
+	if d.lines != m.fed {
+		return fmt.Errorf("lines_total rose by %v, %v lines were logged", d.lines, m.fed)
+	}
+	// Every line is in an event's count, pending or dropped, exactly once.
+	// Two things blur the sum, and each is bounded: a write that reached the
+	// API without an answer may have landed (doubt), and an event the TTL
+	// removed takes its count with it (expired).
+	sum := live + d.pending + d.droppedAll()
+	if sum < d.lines-float64(m.expired) || sum > d.lines+doubt {
+		return fmt.Errorf("counts %v + pending %v + dropped %v = %v, lines %v (expired %d, doubt %v)",
+			live, d.pending, d.dropped, sum, d.lines, m.expired, doubt)
+	}
+	if m.expired == 0 && doubt == 0 && sum != d.lines {
+		return fmt.Errorf("counts %v + pending %v + dropped %v = %v, lines %v", live, d.pending, d.dropped, sum, d.lines)
+	}
+	if settling > cacheSize || cached > cacheSize {
+		return fmt.Errorf("%d entries cached and %d settling, cache size %d", cached, settling, cacheSize)
+	}
+	return m.checkBound()
+}
+
+// checkBound: the requests made for the events of one bucket that reached
+// the API, pod reads included, over any interval T, are at most BURST +
+// QPS x T.
+func (m *model) checkBound() error {
+	m.api.mu.Lock()
+	byBucket := map[string][]time.Time{}
+	for _, r := range m.api.requests {
+		if r.resource == "events" {
+			b := r.reason
+			if strings.HasSuffix(b, "Ended") {
+				b = "ends"
+			}
+			byBucket[b] = append(byBucket[b], r.at)
+		}
+	}
+	for _, r := range m.podReads {
+		if r.reason == "" {
+			m.api.mu.Unlock()
+			return fmt.Errorf("a pod read at %v made for no event", r.at)
+		}
+		byBucket[r.reason] = append(byBucket[r.reason], r.at)
+	}
+	m.api.mu.Unlock()
+	for reason, at := range byBucket {
+		sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+		for i := range at {
+			for j := i; j < len(at); j++ {
+				if bound := float64(m.maxBurst) + m.maxQPS*at[j].Sub(at[i]).Seconds(); float64(j-i+1) > bound+1e-9 {
+					return fmt.Errorf("%d %s requests from %v to %v, bound %.2f", j-i+1, reason, at[i], at[j], bound)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// recoveryBound is how long after the API server's return every pending
+// event whose bucket has a token is written: a request sent just before
+// may still take its time-out, and a failure then backs off at most one
+// maximal backoff and its jitter.
+const recoveryBound = writeTimeout + retryMax + retryMax/5
+
+// recover brings the API back for good and checks that every pending
+// event lands within recoveryBound, as far as the tokens allow.
+func (m *model) recover() error {
+	m.mode = apiHealthy
+	back := m.clk.Now()
+	m.h.advance(recoveryBound)
+	return m.recovered(back)
+}
+
+// recovered checks, once recoveryBound has passed since back, that nothing
+// whose bucket has a token waits.
+func (m *model) recovered(back time.Time) (err error) {
+	m.inspect(func(s *scheduler) {
+		now := m.clk.Now()
+		for _, e := range s.order() {
+			if e.pending() == 0 || e.dropped > 0 || e.inflight != 0 {
+				continue
+			}
+			b := bucketOf(e)
+			if tokens := s.buckets[b].wait(now); tokens == 0 {
+				err = fmt.Errorf("%v after the API came back, %q is pending with %d lines and a %s token; retry in %v, %d failures, pod read due %v",
+					m.clk.Since(back), e.key.message, e.pending(), bucketName(b), e.retryAt.Sub(now), e.failures, s.pod.nextTry.Sub(now))
+				return
+			}
+		}
+		for _, e := range s.ends.list {
+			if e.inflight == 0 && s.buckets[endBucket].wait(now) == 0 {
+				err = fmt.Errorf("%v after the API came back, the end %q waits with an end token; retry in %v, %d failures",
+					m.clk.Since(back), e.end.message, e.retryAt.Sub(now), e.failures)
+				return
+			}
+		}
+	})
+	return err
+}
+
+// stop runs the flush with the API in the mode it is in: it ends by its
+// deadline, and on a healthy API it writes every pending event whose bucket
+// has a token.
+func (m *model) stop() error {
+	m.stats.stops++
+	pending := m.h.pendingEntries()
+	m.h.stop(flushTimeout)
+	if err := m.check(); err != nil {
+		return fmt.Errorf("after stop: %w", err)
+	}
+	m.api.mu.Lock()
+	m.stats.requests += len(m.api.requests)
+	m.stats.refused += m.api.refused
+	m.api.mu.Unlock()
+	m.stats.ends += len(m.endNames)
+	if d := readLedger().since(m.before); d.pending != 0 {
+		return fmt.Errorf("%v lines still pending after stop", d.pending)
+	}
+	if m.mode != apiHealthy {
+		return nil
+	}
+	for _, e := range pending {
+		b := bucketOf(e)
+		if e.dropped > 0 && m.h.s.buckets[b].wait(m.clk.Now()) == 0 {
+			return fmt.Errorf("%q was dropped at a healthy stop with a %s token left; entry %+v", e.key.message, bucketName(b), *e)
+		}
+	}
+	return nil
+}
