@@ -1,0 +1,216 @@
+package k8s_event
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// The concurrent fault model runs the pipeline as CoreDNS does: the
+// scheduler's goroutine, a writer goroutine for each request, lines logged
+// from another goroutine, reloads and expiries from a third, and a stop at
+// the end, against the in-process API server under faults, with a pod UID
+// from the downward API or, in a third of the seeds, read from the API.
+// Between rounds the clock moves and, once the pipeline is quiet, the
+// contract is checked. A seed replays the same schedule of lines, faults,
+// reloads and clock steps; the interleaving is the scheduler's:
+//
+//	go test -race -run TestFaultModelConcurrent -faultmodel.seed=N -v .
+var concurrentSeeds = flag.Int("faultmodel.concurrent", seedsFromEnv(8), "number of seeds the concurrent fault model runs (default $K8S_EVENT_FAULT_SEEDS or 8)")
+
+func TestFaultModelConcurrent(t *testing.T) {
+	stats := faultStats{injected: map[string]int{}}
+	start := time.Now()
+	first, n := uint64(1), uint64(*concurrentSeeds)
+	if *faultSeed != 0 {
+		first, n = *faultSeed, 1
+	}
+	for seed := first; seed < first+n; seed++ {
+		if err := runConcurrentModel(seed, &stats); err != nil {
+			t.Fatalf("seed %d: %v\nreplay: go test -race -run 'TestFaultModelConcurrent$' -faultmodel.seed=%d -v .", seed, err, seed)
+		}
+	}
+	t.Logf("%d seeds in %v: %d rounds, %d lines, %d reloads, %d expiries, %d storm ends; %d requests reached the API, %d refused before; faults: %v",
+		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.reloads, stats.expiries, stats.ends,
+		stats.requests, stats.refused, stats.injected)
+}
+
+func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
+	// m drives the run; faults draws the faults, in the writers' goroutines,
+	// under the fake API's lock, from a generator of its own.
+	m := &model{rng: rand.New(rand.NewPCG(seed, 0xc0c0)), clk: clocktesting.NewFakeClock(epoch), stats: stats}
+	faults := &model{rng: rand.New(rand.NewPCG(seed, 0xfa17)), stats: stats}
+	if m.api, err = startFakeAPI(m.clk); err != nil {
+		return err
+	}
+	defer m.api.close()
+	m.api.setFault(faults.fault)
+	setMode := func(mode apiMode) {
+		m.api.mu.Lock()
+		faults.mode = mode
+		m.api.mu.Unlock()
+	}
+
+	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
+	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
+	if m.rng.IntN(4) != 0 { // storms end, from the scheduler's timer
+		m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
+	}
+	cfg.quiet = m.quiet
+	m.endNames = map[string]string{}
+	m.before = readLedger()
+	pod := testPod()
+	if m.rng.IntN(3) == 0 { // no UID from the downward API
+		pod = testPodWithoutUID()
+		if m.rng.IntN(2) == 0 {
+			m.api.addPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: testRef.Name, Namespace: testRef.Namespace, UID: testRef.UID}})
+		}
+	}
+	m.p = newPipeline(cfg, m.api.client, pod, m.clk)
+	m.p.writeTimeout = 250 * time.Millisecond
+	m.p.sched.flushPause = time.Millisecond
+	m.p.sched.rand = rand.New(rand.NewPCG(seed, 1))
+	defer m.p.cancel()
+	m.p.start()
+	stats.seeds++
+
+	rounds := 6 + m.rng.IntN(10)
+	// In a third of the seeds, stop comes right after a round's lines are
+	// logged: writes in flight, lines on their way to the correlator,
+	// entries waiting out backoffs, and the flush has to sort them out.
+	stopIn := -1
+	if m.rng.IntN(3) == 0 {
+		stopIn = m.rng.IntN(rounds)
+	}
+	for round := range rounds {
+		stats.steps++
+		if m.rng.IntN(3) == 0 {
+			modes := []apiMode{apiHealthy, apiRefusing, apiSilent, apiFlaky, apiFlaky}
+			setMode(modes[m.rng.IntN(len(modes))])
+		}
+		// The lines of the round are drawn here and logged by another
+		// goroutine, while a reload or an expiry runs in a third.
+		var lines []line
+		for range m.rng.IntN(16) {
+			lines = append(lines, ln(modelLevels[m.rng.IntN(len(modelLevels))], fmt.Sprint("p", m.rng.IntN(3)),
+				fmt.Sprintf("upstream %d unhealthy: %d", m.rng.IntN(3), m.rng.IntN(20)), time.Time{}))
+		}
+		var reload *config
+		expire := false
+		switch r := m.rng.IntN(8); {
+		case r == 0:
+			c := faultConfigs[m.rng.IntN(len(faultConfigs))]
+			c.quiet = m.quiet
+			reload = &c
+			m.maxBurst, m.maxQPS = max(m.maxBurst, c.burst), max(m.maxQPS, c.qps)
+		case r == 1:
+			expire = true
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for _, l := range lines {
+				m.p.listener.capture(l.level, l.plugin, "%s", true, []any{l.text[len(l.plugin):]})
+			}
+		})
+		wg.Go(func() {
+			switch {
+			case reload != nil:
+				m.p.apply(*reload, m.api.client)
+				stats.reloads++
+			case expire:
+				m.expired += m.api.expire()
+				stats.expiries++
+			}
+		})
+		wg.Wait()
+		m.fed += float64(len(lines))
+		stats.lines += len(lines)
+		if round == stopIn {
+			return m.stopConcurrent(stats)
+		}
+		// The clock moves only while nothing is on its way to the API: a
+		// request is stamped when the server sees it, and its token was
+		// taken when it was sent; a step in between would make the two
+		// times differ as no real clock does.
+		if err := m.quietCheck(); err != nil {
+			return err
+		}
+		m.clk.Step(time.Duration(1+m.rng.IntN(90)) * time.Second)
+	}
+
+	// The API comes back for good: within recoveryBound, every pending
+	// event whose bucket has a token is written.
+	setMode(apiHealthy)
+	back := m.clk.Now()
+	for m.clk.Since(back) <= recoveryBound+2*time.Second {
+		if err := m.quietCheck(); err != nil {
+			return err
+		}
+		m.clk.Step(time.Second)
+	}
+	if err := m.quietCheck(); err != nil {
+		return err
+	}
+	if err := m.recovered(back); err != nil {
+		return err
+	}
+	return m.stopConcurrent(stats)
+}
+
+// stopConcurrent stops the pipeline, whatever it is doing, and checks the
+// contract once it is over: every line written, or dropped with its cause,
+// and stop within its time (with room for a slow machine).
+func (m *model) stopConcurrent(stats *faultStats) error {
+	const timeout = time.Second
+	start := time.Now()
+	m.p.stop(timeout)
+	if took := time.Since(start); took > timeout+2*time.Second {
+		return fmt.Errorf("stop took %v of its %v", took, timeout)
+	}
+	if err := m.quietCheck(); err != nil {
+		return fmt.Errorf("after stop: %w", err)
+	}
+	if d := readLedger().since(m.before); d.pending != 0 {
+		return fmt.Errorf("%v lines still pending after stop", d.pending)
+	}
+	stats.ends += len(m.endNames)
+	m.api.mu.Lock()
+	stats.requests += len(m.api.requests)
+	stats.refused += m.api.refused
+	m.api.mu.Unlock()
+	return nil
+}
+
+// quietCheck waits until the pipeline is quiet (no line queued for the
+// scheduler, no request in flight, for a few polls in a row) and checks the contract then. A check that fails at
+// a moment that only looked quiet is tried again until the wait is over.
+func (m *model) quietCheck() error {
+	deadline := time.Now().Add(10 * time.Second)
+	calm := 0
+	for {
+		quiet := len(m.p.listener.lines) == 0
+		m.inspect(func(s *scheduler) { quiet = quiet && len(s.flights) == 0 })
+		if quiet {
+			calm++
+		} else {
+			calm = 0
+		}
+		if calm >= 3 {
+			err := m.check()
+			if err == nil || time.Now().After(deadline) {
+				return err
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not quiet within 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
