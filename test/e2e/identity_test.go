@@ -88,7 +88,7 @@ func TestUIDWithKubeadmRights(t *testing.T) {
 	if n := c.metric(errors403); n != 0 {
 		t.Errorf("api_errors{403}=%v: the read of the pod was refused", n)
 	}
-	if out := describeOrErr(t, pod); !strings.Contains(out, line) {
+	if out := kubectl(t, "describe", "pod", "-n", pod.Namespace, pod.Name); !strings.Contains(out, line) {
 		t.Errorf("kubectl describe pod does not list the event:\n%s", out)
 	}
 }
