@@ -47,12 +47,23 @@ func (b *bucket) advance(now time.Time) {
 	b.clampOut()
 }
 
+//
+// Requests out together share that room: two that would each fill it must
+// not hand back twice as much, or the requests that reached the server
+// could exceed BURST + QPS x T. So what they may give back adds up to the
+// room at most, cut in proportion when it would not: exact for a request
+// out alone, never more than exact for several.
 func (b *bucket) clampOut() {
 	room := max(b.burst-b.tokens, 0)
+	var sum float64
+	for _, g := range b.out {
+		sum += g
+	}
+	if sum <= room {
+		return
+	}
 	for id, g := range b.out {
-		if g > room {
-			b.out[id] = room
-		}
+		b.out[id] = g * room / sum
 	}
 }
 
@@ -74,7 +85,7 @@ func (b *bucket) settle(id uint64, reached bool, now time.Time) {
 	g, ok := b.out[id]
 	delete(b.out, id)
 	if ok && !reached {
-		b.tokens += g
+		b.tokens = min(b.burst, b.tokens+g)
 		b.clampOut()
 	}
 }
