@@ -5,13 +5,18 @@ import (
 	"io"
 	"log"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -54,11 +59,40 @@ func captureLog(t *testing.T) *strings.Builder {
 	return &logged
 }
 
+// recordURLs makes h's requests through a client of api that records the
+// path and query of each.
+func recordURLs(t *testing.T, h *harness, api *fakeAPI) func() []*url.URL {
+	t.Helper()
+	var mu sync.Mutex
+	var urls []*url.URL
+	client, err := kubernetes.NewForConfig(&rest.Config{
+		Host: api.srv.URL,
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripper(func(req *http.Request) (*http.Response, error) {
+				mu.Lock()
+				urls = append(urls, req.URL)
+				mu.Unlock()
+				return api.send(rt, req)
+			})
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.client = client
+	return func() []*url.URL {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(urls)
+	}
+}
+
 // TestPodUIDReadByList: without COREDNS_POD_UID, the pod is read once,
 // with a list by a field selector on its name, which CoreDNS's rights for
 // the kubernetes plugin allow; every create carries its UID.
 func TestPodUIDReadByList(t *testing.T) {
 	h, api, clk := newPodHarness(t, testConfig(all, 100, 100, 64))
+	urls := recordURLs(t, h, api)
 	h.observe(ln(levelError, "errors", "a", clk.Now()))
 	h.observe(ln(levelWarning, "forward", "b", clk.Now()))
 	drain(h)
@@ -66,6 +100,18 @@ func TestPodUIDReadByList(t *testing.T) {
 	drain(h)
 	if got := strings.Join(podReads(api), " "); got != "list" {
 		t.Errorf("pod reads %q, want one list", got)
+	}
+	reads := 0
+	for _, u := range urls() {
+		if !strings.Contains(u.Path, "/pods") {
+			continue
+		}
+		if reads++; u.Path != "/api/v1/namespaces/kube-system/pods" || u.Query().Get("fieldSelector") != "metadata.name="+testRef.Name {
+			t.Errorf("the pod is read with %s?%s, want a list of kube-system's pods with fieldSelector metadata.name=%s", u.Path, u.RawQuery, testRef.Name)
+		}
+	}
+	if reads != 1 {
+		t.Errorf("%d pod reads made, want 1", reads)
 	}
 	evs := events(t, api)
 	if len(evs) != 3 {
