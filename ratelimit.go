@@ -47,8 +47,9 @@ func (b *bucket) advance(now time.Time) {
 	b.clampOut()
 }
 
-//
-// Requests out together share that room: two that would each fill it must
+// clampOut holds what requests out may give back to the room the bucket
+// has: no request may give back more than the bucket would hold without
+// it. Requests out together share that room: two that would each fill it must
 // not hand back twice as much, or the requests that reached the server
 // could exceed BURST + QPS x T. So what they may give back adds up to the
 // room at most, cut in proportion when it would not: exact for a request
