@@ -69,23 +69,26 @@ func (b *bucket) advance(now time.Time) {
 // it holds every request out the later one holds, and the same give-backs
 // raise it as much; of two that hold the same requests, the greater.
 func (b *bucket) prune() {
-	kept := make([]bound, 0, len(b.bounds))
 	least := b.burst
-	for i := len(b.bounds) - 1; i >= 0; i-- {
-		if bd := b.bounds[i]; bd.v < least {
-			least = bd.v
-			kept = append(kept, bd)
+	w := len(b.bounds)
+	for i := len(b.bounds) - 1; i >= 0; i-- { // newest first
+		if b.bounds[i].v < least {
+			least = b.bounds[i].v
+			w--
+			b.bounds[w] = b.bounds[i]
 		}
 	}
-	// kept is newest first, each less than the one before it.
-	b.bounds = b.bounds[:0]
-	for i := len(kept) - 1; i >= 0; i-- {
-		if n := len(b.bounds); n > 0 && len(b.bounds[n-1].ids) == len(kept[i].ids) {
+	// b.bounds[w:] are kept, oldest first, each less than the next.
+	n := 0
+	for _, bd := range b.bounds[w:] {
+		if n > 0 && len(b.bounds[n-1].ids) == len(bd.ids) {
 			continue // the same requests out, and the older is less
 		}
-		b.bounds = append(b.bounds, kept[i])
+		b.bounds[n] = bd
+		n++
 	}
-	clear(b.bounds[len(b.bounds):cap(b.bounds)])
+	clear(b.bounds[n:])
+	b.bounds = b.bounds[:n]
 	b.tokens = least
 }
 
