@@ -858,3 +858,43 @@ func TestReloadsDuringWritesAndStopKeepLedger(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestsInFlightAreCapped: however many tokens a bucket has, at most
+// maxInFlight of its requests are out at once, and an event has one at
+// most: lines that come while it is out wait for its answer.
+func TestRequestsInFlightAreCapped(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
+	h.lostAfter = writeTimeout
+	api.setFault(func(apiRequest) fault { return fault{lost: true, apply: true} })
+	for i := range 2 * maxInFlight {
+		h.observe(ln(levelError, fmt.Sprint("p", i), "upstream down", clk.Now()))
+	}
+	h.observe(ln(levelWarning, "forward", "slow", clk.Now()))
+	drain(h)
+	h.observe(ln(levelError, "p0", "upstream down", clk.Now())) // its create is out
+	h.advance(writeTimeout / 2)
+	if n := len(reachedAt(api, "CoreDNSError")); n != maxInFlight {
+		t.Errorf("%d error requests out at once, want %d", n, maxInFlight)
+	}
+	if n := len(reachedAt(api, "CoreDNSWarning")); n != 1 {
+		t.Errorf("%d warning requests, want 1: another bucket is not held up", n)
+	}
+	api.setFault(nil)
+	h.advance(writeTimeout/2 + 2*retryBase)
+	if n := len(reachedAt(api, "CoreDNSError")); n < 2*maxInFlight {
+		t.Errorf("%d error requests once the first came back, want the other %d sent", n, maxInFlight)
+	}
+	h.advance(writeTimeout + 2*retryBase)
+	for _, ev := range events(t, api) {
+		want := int32(1)
+		if ev.Message == "plugin/p0: upstream down" {
+			want = 2
+		}
+		if ev.Count != want {
+			t.Errorf("%q: count %d, want %d", ev.Message, ev.Count, want)
+		}
+	}
+	if n := len(events(t, api)); n != 2*maxInFlight+1 {
+		t.Errorf("%d events, want %d", n, 2*maxInFlight+1)
+	}
+}
