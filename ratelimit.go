@@ -22,38 +22,74 @@ import (
 
 // bucket is a token bucket with give-back. Owned by the scheduler's
 // goroutine; no lock.
+//
+// The tokens at any time are the least, over every moment s before, of
+// BURST at s plus the refills since, less the tokens taken since (and
+// BURST now). A request handed back is taken out of every such sum it is
+// in: then the bucket holds exactly what it would had the request never
+// been made, whatever other requests are out and however they end. Only
+// the moments just before a take can be the least, and of those only the
+// ones that may still be, given the requests out, are kept: at most one
+// more than the requests out.
 type bucket struct {
 	qps    float64
 	burst  float64
 	tokens float64
 	at     time.Time
-	// out is, for each request out with a token of this bucket, how much
-	// of that token it may give back: what the bucket would hold more
-	// without it, at most 1.
-	out map[uint64]float64
+	out    map[uint64]struct{} // the requests out with a token of this bucket
+	bounds []bound             // oldest first
+}
+
+// bound is BURST at a moment just before a take, refilled since, less the
+// tokens taken since; ids are the requests among those still out.
+type bound struct {
+	v   float64
+	ids map[uint64]struct{}
 }
 
 func newBucket(qps float64, burst int, now time.Time) *bucket {
-	return &bucket{qps: qps, burst: float64(burst), tokens: float64(burst), at: now, out: map[uint64]float64{}}
+	return &bucket{qps: qps, burst: float64(burst), tokens: float64(burst), at: now, out: map[uint64]struct{}{}}
 }
 
-// advance refills the bucket up to now. What the cap takes from the
-// refill is taken from what requests out may give back too.
+// advance refills the bucket up to now.
 func (b *bucket) advance(now time.Time) {
 	if now.After(b.at) {
-		b.tokens = min(b.burst, b.tokens+b.qps*now.Sub(b.at).Seconds())
+		d := b.qps * now.Sub(b.at).Seconds()
+		for i := range b.bounds {
+			b.bounds[i].v += d
+		}
 		b.at = now
 	}
-	b.clampOut()
+	b.prune()
 }
 
-func (b *bucket) clampOut() {
-	room := max(b.burst-b.tokens, 0)
-	for id, g := range b.out {
-		if g > room {
-			b.out[id] = room
+// prune drops the bounds that can no longer be the least, and sets tokens
+// to the least of the others and BURST. A bound at BURST or more never is
+// again (BURST later is less); nor is one at or above a later one, since
+// it holds every request out the later one holds, and the same give-backs
+// raise it as much; of two that hold the same requests, the greater.
+func (b *bucket) prune() {
+	least := b.burst
+	w := len(b.bounds)
+	for i := len(b.bounds) - 1; i >= 0; i-- { // newest first
+		if b.bounds[i].v < least {
+			least = b.bounds[i].v
+			w--
+			b.bounds[w] = b.bounds[i]
 		}
 	}
+	// b.bounds[w:] are kept, oldest first, each less than the next.
+	n := 0
+	for _, bd := range b.bounds[w:] {
+		if n > 0 && len(b.bounds[n-1].ids) == len(bd.ids) {
+			continue // the same requests out, and the older is less
+		}
+		b.bounds[n] = bd
+		n++
+	}
+	clear(b.bounds[n:])
+	b.bounds = b.bounds[:n]
+	b.tokens = least
 }
 
 // take takes a token for request id, if there is one.
@@ -62,21 +98,35 @@ func (b *bucket) take(id uint64, now time.Time) bool {
 	if b.tokens < 1 {
 		return false
 	}
-	b.tokens--
-	b.out[id] = 1
+	b.bounds = append(b.bounds, bound{v: b.burst, ids: map[uint64]struct{}{}})
+	for _, bd := range b.bounds {
+		bd.ids[id] = struct{}{}
+	}
+	for i := range b.bounds {
+		b.bounds[i].v--
+	}
+	b.out[id] = struct{}{}
+	b.prune()
 	return true
 }
 
 // settle ends request id: its token is spent if it reached the server,
-// and given back as far as the bucket allows if it did not.
+// and handed back if it did not, as far as the bucket would hold without it.
 func (b *bucket) settle(id uint64, reached bool, now time.Time) {
 	b.advance(now)
-	g, ok := b.out[id]
-	delete(b.out, id)
-	if ok && !reached {
-		b.tokens += g
-		b.clampOut()
+	if _, ok := b.out[id]; !ok {
+		return
 	}
+	delete(b.out, id)
+	for i, bd := range b.bounds {
+		if _, ok := bd.ids[id]; ok {
+			delete(bd.ids, id)
+			if !reached {
+				b.bounds[i].v++
+			}
+		}
+	}
+	b.prune()
 }
 
 // wait is how long until the bucket has a token; 0 when it has one now.
@@ -94,9 +144,11 @@ func (b *bucket) wait(now time.Time) time.Duration {
 // set takes a new rate and burst; the tokens stay, up to the new burst.
 func (b *bucket) set(qps float64, burst int, now time.Time) {
 	b.advance(now)
+	// The old BURST now is a bound still: a greater one does not fill the
+	// bucket at once.
+	b.bounds = append(b.bounds, bound{v: b.burst, ids: map[uint64]struct{}{}})
 	b.qps, b.burst = qps, float64(burst)
-	b.tokens = min(b.tokens, b.burst)
-	b.clampOut()
+	b.prune()
 }
 
 // inFlight is the number of requests out with a token of this bucket.
