@@ -135,10 +135,8 @@ func (b *bucket) wait(now time.Time) time.Duration {
 	if b.tokens >= 1 {
 		return 0
 	}
-	if b.qps <= 0 {
-		return math.MaxInt64
-	}
-	return time.Duration(math.Ceil((1 - b.tokens) / b.qps * float64(time.Second)))
+	// QPS may be as small as a float allows: wait at most a year.
+	return time.Duration(math.Ceil(min((1-b.tokens)/b.qps, 365*24*3600) * float64(time.Second)))
 }
 
 // set takes a new rate and burst; the tokens stay, up to the new burst.
