@@ -100,12 +100,3 @@ func (q *ends) trim(limit int) {
 	clear(q.list[len(kept):])
 	q.list = kept
 }
-
-func (q *ends) has(end *entry) bool {
-	for _, e := range q.list {
-		if e == end {
-			return true
-		}
-	}
-	return false
-}
