@@ -395,7 +395,7 @@ func TestEndsQuietOffWhileEndInFlight(t *testing.T) {
 	repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
 	drain(h)
 	api.setFault(onceFault("create", fault{lost: true})) // the end's create
-	h.advance(quiet + handOffGrace) // the end is decided, its create goes out
+	h.advance(quiet + handOffGrace)                      // the end is decided, its create goes out
 	if n := len(h.s.ends.list); n != 1 || h.s.ends.list[0].inflight == 0 {
 		t.Fatalf("%d ends waiting, want 1 in flight", n)
 	}
