@@ -579,3 +579,70 @@ func TestClientLimiterDoesNotHoldTheFlush(t *testing.T) {
 			storms, took, rest.DefaultQPS, rest.DefaultBurst)
 	}
 }
+
+// TestFlushStormGetsItsEndOnceQuiet: a storm written during the flush at
+// shutdown gets its end by the same rule as in service: once it has had
+// no new line for quiet, if that comes before the deadline; then the end
+// is written in the flush if its bucket has a token, held up neither by
+// another event's hung create nor by another's Retry-After.
+func TestFlushStormGetsItsEndOnceQuiet(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		since   time.Duration // from the storm's last line to stop
+		other   fault         // the warning's first create at stop
+		wantEnd bool
+	}{
+		{"quiet long past", 2 * time.Minute, fault{}, true},
+		{"quiet up in the flush", time.Minute - time.Second, fault{}, true},
+		{"quiet not up by the deadline", 10 * time.Second, fault{}, false},
+		{"another's create hangs", 2 * time.Minute, fault{lost: true}, true},
+		{"another waits a Retry-After", 2 * time.Minute, fault{code: http.StatusTooManyRequests, retryAfter: 1}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))
+			h.lostAfter = writeTimeout
+			before := readLedger()
+			down := true // the storm is not written before the flush
+			apiDown(api, &down)
+			repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
+			drain(h)
+			h.advance(tt.since)
+			h.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+			down = false
+			creates := 0
+			api.setFault(func(r apiRequest) fault {
+				if r.verb != "create" {
+					return fault{}
+				}
+				creates++
+				if creates == 2 { // the first is the storm's, the second the warning's
+					return tt.other
+				}
+				return fault{}
+			})
+			h.stop(5 * time.Second)
+			ends := ofReason(events(t, api), "CoreDNSErrorEnded")
+			if tt.wantEnd != (len(ends) == 1) || len(ends) > 1 {
+				t.Errorf("%d ends after the flush, want an end %v", len(ends), tt.wantEnd)
+			}
+			if n := len(ofReason(events(t, api), "CoreDNSError")); n != 1 {
+				t.Errorf("%d storm events, want 1", n)
+			}
+			if tt.other.retryAfter > 0 {
+				var endAt, retryAt time.Time
+				for _, r := range eventRequests(api) {
+					switch {
+					case r.reason == "CoreDNSErrorEnded":
+						endAt = r.at
+					case r.reason == "CoreDNSWarning" && r.code == 0 || r.reason == "CoreDNSWarning" && r.code < 300:
+						retryAt = r.at
+					}
+				}
+				if endAt.IsZero() || !retryAt.IsZero() && retryAt.Before(endAt) {
+					t.Errorf("the end at %v, the warning's retry at %v: the end waited behind the other's Retry-After", endAt, retryAt)
+				}
+			}
+			checkLedger(t, api, before, 13)
+		})
+	}
+}

@@ -2,11 +2,11 @@ package k8s_event
 
 import (
 	"context"
-	"strings"
 	"io"
 	"log"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
