@@ -646,3 +646,30 @@ func TestFlushStormGetsItsEndOnceQuiet(t *testing.T) {
 		})
 	}
 }
+
+// TestFlushEndNotHeldByHungEvictedWrite: an evicted event whose create
+// hangs through the flush holds up only itself: a storm written in the
+// flush, its quiet long past, gets its end written.
+func TestFlushEndNotHeldByHungEvictedWrite(t *testing.T) {
+	cfg := withQuiet(100, 100, time.Minute)
+	cfg.cacheSize = 2
+	h, api, clk := newTestHarness(t, cfg)
+	h.lostAfter = 5 * time.Minute // beyond the flush
+	before := readLedger()
+	api.setFault(firstFaults(1, fault{lost: true}))
+	h.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	drain(h) // the warning's create hangs
+	down := true
+	apiDown(api, &down)
+	repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
+	h.observe(ln(levelError, "errors", "upstream K down", clk.Now())) // evicts the warning
+	h.advance(2 * time.Minute)
+	down = false
+	h.stop(2 * time.Second)
+	if n := len(ofReason(events(t, api), "CoreDNSErrorEnded")); n != 1 {
+		t.Errorf("%d ends, want the storm's written while the evicted warning's create hung", n)
+	}
+	if d := checkLedger(t, api, before, 14); d.dropped[dropShutdown]+d.dropped[dropEvicted] != 1 {
+		t.Errorf("dropped %v, want only the warning's line", d.dropped)
+	}
+}

@@ -235,3 +235,22 @@ func TestExitWithNothingAttached(t *testing.T) {
 		t.Fatal("exit started a pipeline")
 	}
 }
+
+// TestWithoutPodEnvEventsGoToDefault: without the downward API's pod name
+// and namespace, the process's events are reported on namespace/default.
+func TestWithoutPodEnvEventsGoToDefault(t *testing.T) {
+	b := newTestBroadcaster(t)
+	t.Setenv(envPodName, "")
+	t.Setenv(envNamespace, "")
+	api := newFakeAPI(t, clock.RealClock{})
+	inst := newInstance(t, api, "k8s_event")
+	if err := b.attach(inst); err != nil {
+		t.Fatal(err)
+	}
+	pluginLog.Error("no pod")
+	b.detach(inst)
+	ev := only(t, events(t, api))
+	if ref := ev.InvolvedObject; ref.Kind != "Namespace" || ref.Name != "default" || ev.Namespace != "default" {
+		t.Errorf("event about %+v in %q, want namespace/default", ref, ev.Namespace)
+	}
+}

@@ -596,3 +596,34 @@ func TestFatalGivesUp(t *testing.T) {
 		t.Errorf("dropped %v pending %v, want one failed and one throttled, and only the 20 error lines pending", d.dropped, d.pending)
 	}
 }
+
+// TestRunWritesWhatIsLogged: the pipeline as CoreDNS runs it: lines logged
+// through the listener are written by run's writers, repeats as one event
+// with their count; a reload takes new levels and rate without losing
+// what is pending; stop writes the rest, and the ledger holds.
+func TestRunWritesWhatIsLogged(t *testing.T) {
+	p, api, _ := newTestPipeline(t, testConfig(levelsOf(levelError), 100, 100, 64))
+	before := readLedger()
+	p.start()
+	for range 3 {
+		p.listener.Errorf("plugin/errors: ", "upstream %s down", "A")
+	}
+	p.listener.Errorf("plugin/errors: ", "upstream B down")
+	p.listener.Infof("plugin/errors: ", "not enabled")
+	deadline := time.Now().Add(10 * time.Second)
+	for got := messages(api); got["plugin/errors: upstream A down"] != 3 || got["plugin/errors: upstream B down"] != 1; got = messages(api) {
+		if time.Now().After(deadline) {
+			t.Fatalf("events %v, want A with 3 lines and B", got)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p.apply(testConfig(levelsOf(levelError, levelInfo), 100, 100, 64), api.client)
+	p.listener.Infof("plugin/errors: ", "enabled now")
+	p.stop(time.Second)
+	if got := messages(api); got["plugin/errors: enabled now"] != 1 || len(got) != 3 {
+		t.Errorf("events %v after stop, want the info line logged after the reload too", got)
+	}
+	if d := checkLedger(t, api, before, 0); d.pending != 0 || d.droppedAll() != 0 {
+		t.Errorf("pending %v, dropped %v, want none", d.pending, d.dropped)
+	}
+}
