@@ -500,6 +500,13 @@ func TestStopHungCreateHoldsOnlyItsEvent(t *testing.T) {
 	api.setFault(firstFaults(1, fault{hang: true}))
 	p.start()
 	p.listener.Errorf("plugin/errors: ", "upstream A down")
+	deadline := time.Now().Add(10 * time.Second)
+	for len(eventRequests(api)) == 0 { // A's create reached the API, and hangs
+		if time.Now().After(deadline) {
+			t.Fatal("A's create never reached the API")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	p.listener.Errorf("plugin/errors: ", "upstream B down")
 	start := time.Now()
 	p.stop(time.Second)
