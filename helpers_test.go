@@ -87,7 +87,7 @@ func newHarness(t testing.TB, cfg config) *harness {
 
 func newHarnessOn(t testing.TB, cfg config, api *fakeAPI, clk *clocktesting.FakeClock, pod podIdentity) *harness {
 	h := &harness{t: t, clk: clk, api: api, client: api.client, writeTimeout: writeTimeout}
-	h.s = newScheduler(settingsOf(cfg), pod, clk.Now())
+	h.s = newScheduler(cfg, pod, clk.Now())
 	h.listener = newListener(clk, h.fatal)
 	h.levels.Store(uint32(cfg.levels))
 	h.s.backlog = func() int { return len(h.lines) }
@@ -112,7 +112,7 @@ func drain(h *harness) { h.run() }
 // apply reloads the scheduler with cfg, as a Corefile reload does.
 func (h *harness) apply(cfg config) {
 	h.levels.Store(uint32(cfg.levels))
-	h.s.apply(settingsOf(cfg), h.clk.Now())
+	h.s.apply(cfg, h.clk.Now())
 }
 
 // observe hands a line to the scheduler, as run does with the listener's.

@@ -54,7 +54,7 @@ type pipeline struct {
 func newPipeline(cfg config, client kubernetes.Interface, pod podIdentity, clk clock.WithTicker) *pipeline {
 	p := &pipeline{
 		clock:        clk,
-		sched:        newScheduler(settingsOf(cfg), pod, clk.Now()),
+		sched:        newScheduler(cfg, pod, clk.Now()),
 		client:       client,
 		results:      make(chan result, numBuckets*maxInFlight+1),
 		control:      make(chan func(time.Time)),
@@ -165,7 +165,7 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 	applied := make(chan struct{})
 	if p.post(context.Background(), func(now time.Time) {
 		p.client = client
-		p.sched.apply(settingsOf(cfg), now)
+		p.sched.apply(cfg, now)
 		close(applied)
 	}) {
 		<-applied

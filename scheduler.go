@@ -24,18 +24,6 @@ import (
 // be sent before the deadline and nothing is in flight, what is left is
 // dropped with its cause.
 
-// settings are what a Corefile sets for the whole process.
-type settings struct {
-	qps       float64
-	burst     int
-	cacheSize int
-	quiet     time.Duration
-}
-
-func settingsOf(cfg config) settings {
-	return settings{qps: cfg.qps, burst: cfg.burst, cacheSize: cfg.cacheSize, quiet: cfg.quiet}
-}
-
 const (
 	// maxInFlight bounds the requests out at once for one bucket: with
 	// numBuckets buckets, at most 48 requests, each in a goroutine of its
@@ -60,7 +48,7 @@ type flight struct {
 }
 
 type scheduler struct {
-	set      settings
+	set      config // rate and quiet; levels are the listener's
 	corr     *correlator
 	active   map[*entry]struct{} // entries with something to write, in flight, or waiting for their quiet
 	settling map[*entry]struct{} // evicted, and their latest write got no answer: at most cacheSize
@@ -86,7 +74,7 @@ type scheduler struct {
 	deadline   time.Time
 }
 
-func newScheduler(set settings, pod podIdentity, now time.Time) *scheduler {
+func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 	s := &scheduler{
 		set:        set,
 		active:     map[*entry]struct{}{},
@@ -120,7 +108,7 @@ func (s *scheduler) observe(ln line) bool {
 }
 
 // apply takes new settings without losing what is pending.
-func (s *scheduler) apply(set settings, now time.Time) {
+func (s *scheduler) apply(set config, now time.Time) {
 	for _, b := range s.buckets {
 		b.set(set.qps, set.burst, now)
 	}

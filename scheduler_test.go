@@ -492,7 +492,7 @@ func TestHungRequestHoldsUpOnlyItsEvent(t *testing.T) {
 // the server, the token is back, and the waiting event is sent at once,
 // not after the 300 s refill.
 func TestTokenHandedBackWakesWaiting(t *testing.T) {
-	s := newScheduler(settingsOf(testConfig(all, defaultQPS, 1, 1)), testPod(), epoch)
+	s := newScheduler(testConfig(all, defaultQPS, 1, 1), testPod(), epoch)
 	s.observe(ln(levelError, "errors", "upstream A down", epoch))
 	reqs, _ := s.dispatch(epoch)
 	if len(reqs) != 1 {
@@ -512,7 +512,7 @@ func TestTokenHandedBackWakesWaiting(t *testing.T) {
 // TestTokenHandedBackWakesOne: one token handed back is one request: of
 // 50 events waiting for the bucket's one token, one is sent.
 func TestTokenHandedBackWakesOne(t *testing.T) {
-	s := newScheduler(settingsOf(testConfig(all, defaultQPS, 1, 64)), testPod(), epoch)
+	s := newScheduler(testConfig(all, defaultQPS, 1, 64), testPod(), epoch)
 	for i := range 50 {
 		s.observe(ln(levelError, "errors", fmt.Sprint("upstream ", i, " down"), epoch))
 	}
@@ -530,7 +530,7 @@ func TestTokenHandedBackWakesOne(t *testing.T) {
 // spending its token and the other handing it back, the event that found
 // both held is sent on the one handed back, and only then.
 func TestTokenHandedBackAfterAnotherSpent(t *testing.T) {
-	s := newScheduler(settingsOf(testConfig(all, defaultQPS, 2, 64)), testPod(), epoch)
+	s := newScheduler(testConfig(all, defaultQPS, 2, 64), testPod(), epoch)
 	for _, m := range []string{"A", "B", "C"} {
 		s.observe(ln(levelError, "errors", "upstream "+m+" down", epoch))
 	}
@@ -555,7 +555,7 @@ func TestTokenHandedBackAfterAnotherSpent(t *testing.T) {
 // token left after A's, so C is sent at once, not after a refill.
 func TestLoweredBurstHandBackWakes(t *testing.T) {
 	const refill = 300 * time.Second
-	s := newScheduler(settingsOf(testConfig(all, 1/refill.Seconds(), 2, 1)), testPod(), epoch)
+	s := newScheduler(testConfig(all, 1/refill.Seconds(), 2, 1), testPod(), epoch)
 	s.observe(ln(levelError, "errors", "upstream A down", epoch))
 	a, _ := s.dispatch(epoch)
 	s.observe(ln(levelError, "errors", "upstream B down", epoch)) // evicts A, in flight
@@ -563,7 +563,7 @@ func TestLoweredBurstHandBackWakes(t *testing.T) {
 	if len(a) != 1 || len(b) != 1 {
 		t.Fatalf("%d and %d requests, want A's and B's", len(a), len(b))
 	}
-	s.apply(settingsOf(testConfig(all, 1/refill.Seconds(), 1, 1)), epoch)
+	s.apply(testConfig(all, 1/refill.Seconds(), 1, 1), epoch)
 	s.outcome(result{id: a[0].id, outcome: writeOK, reached: true}, epoch)
 	s.observe(ln(levelError, "errors", "upstream C down", epoch)) // evicts B, in flight
 	if reqs, _ := s.dispatch(epoch); len(reqs) != 0 {
