@@ -3,6 +3,7 @@ package k8s_event
 import (
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,5 +89,38 @@ func TestFlushHonoursRetryAfterAnsweredToPodRead(t *testing.T) {
 	d := checkLedger(t, api, before, 1)
 	if d.dropped[dropShutdown] != 1 {
 		t.Errorf("dropped %v, want 1 at shutdown", d.dropped)
+	}
+}
+
+// A create that got no answer is retried under the same name, and
+// "already exists" then means it was applied: its lines are in the API's
+// count, settled, and no shutdown afterwards drops them. Here the
+// patches after it never reach the server, and the sum must stay exact.
+func TestCreateFoundAppliedByItsRetryIsSettled(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
+	var creates atomic.Int32
+	api.setFault(func(r apiRequest) fault {
+		switch {
+		case r.verb == "create" && creates.Add(1) == 1:
+			return fault{lost: true, apply: true} // applied, its answer lost
+		case r.verb == "patch":
+			return fault{unsent: true}
+		}
+		return fault{}
+	})
+	before := readLedger()
+	h.observe(ln(levelError, "errors", "once", clk.Now()))
+	drain(h)
+	h.advance(2 * time.Second) // the retry finds it applied
+	if n := creates.Load(); n != 2 {
+		t.Fatalf("%d creates, want 2", n)
+	}
+	if c := countsIn(api); c != 1 {
+		t.Fatalf("count %v in the API, want 1", c)
+	}
+	h.stop(time.Second)
+	d := checkLedger(t, api, before, 1)
+	if d.dropped[dropShutdown] != 0 {
+		t.Errorf("dropped %v: the line in the count of the applied create was dropped at shutdown", d.dropped)
 	}
 }
