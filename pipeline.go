@@ -230,8 +230,9 @@ func (p *pipeline) stop(timeout time.Duration) {
 			p.post(context.Background(), func(time.Time) { p.sched.expire() })
 		})
 		defer expire.Stop()
+		end := p.clock.Now().Add(timeout) // deregistering may wait for a fatal line
 		p.deregister()
-		p.post(context.Background(), func(now time.Time) { p.sched.stop(now, timeout) })
+		p.post(context.Background(), func(now time.Time) { p.sched.stop(now, end.Sub(now)) })
 		<-p.done
 		p.cancel()
 	})

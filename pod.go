@@ -62,10 +62,11 @@ func (id *podIdentity) namespace() string {
 
 // readDue tells whether a create must wait for the pod's read, and when a
 // read may be made: now, later (wait), or not before the one in flight is
-// back. At shutdown creates no longer wait: they go without the UID.
+// back. At shutdown creates no longer wait for the read, only for a
+// Retry-After it was answered: they go without the UID.
 func (id *podIdentity) readDue(now time.Time, stopping bool) (wait time.Duration, mustWait bool) {
 	if !id.lookup || stopping {
-		return 0, false
+		return max(id.asked.Sub(now), 0), id.lookup && id.asked.After(now)
 	}
 	if id.reading != 0 {
 		return -1, true

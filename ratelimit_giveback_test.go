@@ -41,8 +41,8 @@ func TestGiveBackAfterBurstRaisedIsNoMoreThanWithoutTheRequests(t *testing.T) {
 // the twin scheduler would let through.
 func TestRefusedRequestsAcrossBurstReloadCostNothingAndGiveNothing(t *testing.T) {
 	cfg := testConfig(all, 0.1, 2, 16)
-	s := newScheduler(settingsOf(cfg), testPod(), epoch)
-	twin := newScheduler(settingsOf(cfg), testPod(), epoch)
+	s := newScheduler(cfg, testPod(), epoch)
+	twin := newScheduler(cfg, testPod(), epoch)
 	s.observe(ln(levelError, "errors", "a", epoch))
 	s.observe(ln(levelError, "errors", "b", epoch))
 	reqs, _ := s.dispatch(epoch)
@@ -50,7 +50,7 @@ func TestRefusedRequestsAcrossBurstReloadCostNothingAndGiveNothing(t *testing.T)
 		t.Fatalf("%d requests, want 2", len(reqs))
 	}
 	t1 := epoch.Add(10 * time.Second)
-	raised := settingsOf(testConfig(all, 0.1, 10, 16))
+	raised := testConfig(all, 0.1, 10, 16)
 	s.apply(raised, t1)
 	twin.apply(raised, t1)
 	for _, r := range reqs {
@@ -84,7 +84,7 @@ func TestWaitIsNeverNegativeForAnAcceptedRate(t *testing.T) {
 // a token at the slowest accepted rate is looked at again when it may
 // have one, not at once, over and over.
 func TestEventWaitingForTokenAtSlowRateWakesNoSoonerThanNow(t *testing.T) {
-	s := newScheduler(settingsOf(testConfig(all, 1e-12, 1, 16)), testPod(), epoch)
+	s := newScheduler(testConfig(all, 1e-12, 1, 16), testPod(), epoch)
 	s.observe(ln(levelError, "errors", "a", epoch))
 	s.observe(ln(levelError, "errors", "b", epoch))
 	reqs, wake := s.dispatch(epoch)
@@ -139,7 +139,7 @@ func TestRefusedAfterOthersWroteKeepsRequestsWithinBurst(t *testing.T) {
 	api := newFakeAPI(t, clk)
 	var refuse atomic.Bool
 	api.setFault(func(apiRequest) fault { return fault{unsent: refuse.Load()} })
-	s := newScheduler(settingsOf(testConfig(all, 1, burst, 64)), testPod(), epoch)
+	s := newScheduler(testConfig(all, 1, burst, 64), testPod(), epoch)
 	send := func(r request) result {
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 		defer cancel()

@@ -114,6 +114,13 @@ func (s *scheduler) apply(set config, now time.Time) {
 	}
 	s.set = set
 	s.corr.resize(set.cacheSize)
+	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
+		for _, e := range s.corr.cache.Values() {
+			if _, ok := quietAt(e, set.quiet); ok {
+				s.active[e] = struct{}{}
+			}
+		}
+	}
 	for _, e := range s.settlingEntries() {
 		if len(s.settling) <= set.cacheSize {
 			break
@@ -215,7 +222,6 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 					soon(now.Add(bk.wait(now)))
 					continue
 				}
-				e.deferred = false
 				s.flights[id] = flight{e: e, bucket: b, verb: s.pod.verb, read: true}
 				reqs = append(reqs, s.pod.read(id))
 				continue
@@ -359,7 +365,7 @@ func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request
 // for any other request.
 func (s *scheduler) fatal(ln line, now time.Time) (request, bool) {
 	id := s.nextID()
-	if !s.buckets[levelFatal].take(id, now) {
+	if bk := s.buckets[levelFatal]; bk.inFlight() >= maxInFlight || !bk.take(id, now) {
 		throttled[levelFatal].Inc()
 		return request{}, false
 	}
@@ -417,7 +423,8 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 		e.name, e.doubt, expected = "", 0, "gone"
 	case writeExists:
 		if f.retry { // a create that got no answer had been applied: patch it
-			e.name, e.tried, expected = f.name, "", "exists"
+			e.carry(e.doubt)
+			e.name, e.tried, e.doubt, expected = f.name, "", 0, "exists"
 		} else { // another writer's event has this name: take a new one
 			e.tried, expected = "", "name_taken"
 		}

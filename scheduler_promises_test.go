@@ -2,7 +2,6 @@ package k8s_event
 
 import (
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,15 +10,6 @@ import (
 )
 
 // endsIn counts the end events the API holds.
-func endsIn(api *fakeAPI) int {
-	n := 0
-	for _, ev := range api.list() {
-		if strings.HasSuffix(ev.Reason, "Ended") {
-			n++
-		}
-	}
-	return n
-}
 
 // A storm whose lines are all written and which had no new line for quiet
 // gets its end. A reload that turns quiet off and, before the storm's
@@ -43,7 +33,7 @@ func TestStormEndsAfterQuietTurnedOffAndOnAgain(t *testing.T) {
 	h.advance(time.Second)
 	h.apply(cfg)
 	h.advance(3 * time.Minute)
-	if n := endsIn(api); n != 1 {
+	if n := len(endsIn(api)); n != 1 {
 		t.Errorf("%d ends of a storm quiet for 3 min with quiet back at 1 min, want 1", n)
 	}
 }
