@@ -97,11 +97,9 @@ func (p *pipeline) run() {
 					dispatch = p.sched.observe(ln) || dispatch
 				}
 			}
-			// Lines that come more often than stormGap are taken in
-			// batches: a goroutine parked on an empty queue costs the
-			// listener a wake-up of another thread per line, one asleep
-			// for batchPause costs one per batch. Real time: this is about
-			// threads, not about what the lines say.
+			// Lines more often than stormGap are taken in batches: a
+			// parked goroutine costs the listener a thread wake-up per
+			// line, one asleep for batchPause one per batch (real time).
 			now := time.Now()
 			if now.Sub(batch) < stormGap {
 				time.Sleep(batchPause)

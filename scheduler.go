@@ -317,8 +317,7 @@ func (s *scheduler) nextID() uint64 {
 	return s.lastID
 }
 
-// deferred counts, once until its next request, an event that found its
-// bucket empty.
+// deferred counts an event that found its bucket empty, once until its next request.
 func (s *scheduler) deferred(e *entry, b level) {
 	if e.deferred {
 		return

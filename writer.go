@@ -20,10 +20,9 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// Writers do I/O only: a prepared request in, what happened out. They
-// never see an entry; the scheduler decides what the answer means for it.
-// Each request runs in a goroutine of its own, so that a request that
-// hangs holds up nothing but its own event.
+// Writers do I/O only: a prepared request in, what happened out; the
+// scheduler decides what the answer means for the event. Each request runs
+// in a goroutine of its own: one that hangs holds up only its own event.
 
 const (
 	writeTimeout = 10 * time.Second
@@ -186,9 +185,8 @@ func retryAfter(err error) time.Duration {
 	return 0
 }
 
-// countAnswer counts the error answer of a request, if it had one: as
-// expected when the scheduler made it part of the normal course, as a
-// failure else.
+// countAnswer counts an error answer: as expected (part of the normal
+// course, as the scheduler says), or as a failure.
 func countAnswer(res result, expected string) {
 	if res.err == nil {
 		return
