@@ -42,8 +42,9 @@ type entry struct {
 	first, last time.Time
 	seq         uint64 // of its latest line: the least recently seen goes first
 
-	name  string // the Event object's name once created
-	tried string // the name of a create that reached the API and got no answer
+	name       string // the Event object's name once created
+	tried      string // the name of a create that reached the API and got no answer
+	triedCount int64  // the lines that create carried, from the event's first
 
 	// doubt is the count of the latest write that reached the API and got
 	// no answer; zero once a later answer settled it.

@@ -45,7 +45,7 @@ func TestBucketWaitsForTheNextRefill(t *testing.T) {
 	if w := b.wait(now); w != 0 {
 		t.Errorf("wait %v once a refill came, want 0", w)
 	}
-	if w := newBucket(0, 0, now).wait(now); w != math.MaxInt64 {
+	if w := newBucket(0, 0, now).wait(now); w != 365*24*time.Hour {
 		t.Errorf("a bucket that never refills waits %v", w)
 	}
 }

@@ -422,8 +422,8 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 		e.name, e.doubt, expected = "", 0, "gone"
 	case writeExists:
 		if f.retry { // a create that got no answer had been applied: patch it
-			e.carry(e.doubt)
-			e.name, e.tried, e.doubt, expected = f.name, "", 0, "exists"
+			e.carry(e.triedCount) // the least it holds: an unanswered retry may have been the one applied
+			e.name, e.tried, expected = f.name, "", "exists"
 		} else { // another writer's event has this name: take a new one
 			e.tried, expected = "", "name_taken"
 		}
@@ -436,8 +436,8 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 	default:
 		if res.unsure {
 			e.doubt = e.base + f.count
-			if f.verb == verbCreate {
-				e.tried = f.name // it may have been applied: retry under the same name
+			if f.verb == verbCreate && !f.retry {
+				e.tried, e.triedCount = f.name, e.doubt // it may have been applied: retry under the same name
 			}
 		}
 		s.failed(e, res, now)
