@@ -106,7 +106,7 @@ test-e2e: image
 # through deploy/k8s_event; elsewhere as a process beside the control
 # plane. Ctrl-C stops everything it started. It builds only what it runs:
 # the image for this machine's architecture, and only with NODE.
-demo: PLATFORMS := linux/$(shell $(GO) env GOARCH)
+demo: PLATFORMS = linux/$(shell $(GO) env GOARCH)
 demo: $(if $(NODE),image)
 	$(GO) build -o bin/coredns-e2e ./test/cmd/coredns
 	$(GO) build -o bin/demo ./cmd/demo
