@@ -208,29 +208,26 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 		if bk.inFlight() >= maxInFlight {
 			continue // a result comes, and asks again
 		}
+		read := false // a create first waits for, or makes, the read of the pod
 		if e.end != nil || e.name == "" {
-			if w, must := s.pod.readDue(now, s.stopping); must {
-				if w != 0 {
-					if w > 0 {
-						soon(now.Add(w))
-					}
-					continue
+			w, must := s.pod.readDue(now, s.stopping)
+			if must && w != 0 {
+				if w > 0 {
+					soon(now.Add(w))
 				}
-				id := s.nextID()
-				if !bk.take(id, now) {
-					s.deferred(e, b)
-					soon(now.Add(bk.wait(now)))
-					continue
-				}
-				s.flights[id] = flight{e: e, bucket: b, verb: s.pod.verb, read: true}
-				reqs = append(reqs, s.pod.read(id))
 				continue
 			}
+			read = must
 		}
 		id := s.nextID()
 		if !bk.take(id, now) {
 			s.deferred(e, b)
 			soon(now.Add(bk.wait(now)))
+			continue
+		}
+		if read {
+			s.flights[id] = flight{e: e, bucket: b, verb: s.pod.verb, read: true}
+			reqs = append(reqs, s.pod.read(id))
 			continue
 		}
 		reqs = append(reqs, s.prepare(e, id, b, now))
