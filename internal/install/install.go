@@ -644,6 +644,9 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 			if err := s.do(ctx); err != nil {
 				return fmt.Errorf("%s: %w", s.line, err)
 			}
+			if s.undo != nil {
+				r.created = append(r.created, s.undo)
+			}
 		}
 	}
 	if p.patch == nil {
@@ -750,6 +753,12 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv
 			if perr != nil || serr != nil {
 				r.res.Undo = undo
 				return fmt.Errorf("%w; putting it back failed too (%v): run\n  %s", err, errors.Join(perr, serr), strings.ReplaceAll(undo, "\n", "\n  "))
+			}
+			// What the run created for the pods that did not start goes too.
+			for _, undo := range r.created {
+				if uerr := undo(bctx); uerr != nil && !apierrors.IsNotFound(uerr) {
+					r.warn(fmt.Sprintf("taking back what the run created: %v", uerr))
+				}
 			}
 			return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy)", err, ns, name)
 		}

@@ -73,6 +73,7 @@ type rbacStep struct {
 	change Change
 	line   string
 	do     func(ctx context.Context) error // nil: nothing to write
+	undo   func(ctx context.Context) error // for a create: the delete that takes it back
 }
 
 // planRBAC says what the Role and RoleBinding need. Objects of those names
@@ -94,6 +95,7 @@ func planRBAC(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, bi
 				_, err := roles.Create(ctx, role, metav1.CreateOptions{FieldManager: FieldManager})
 				return err
 			},
+			undo: func(ctx context.Context) error { return roles.Delete(ctx, role.Name, metav1.DeleteOptions{}) },
 		})
 	case err != nil:
 		return nil, err
@@ -129,6 +131,7 @@ func planRBAC(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, bi
 				_, err := bindings.Create(ctx, binding, metav1.CreateOptions{FieldManager: FieldManager})
 				return err
 			},
+			undo: func(ctx context.Context) error { return bindings.Delete(ctx, binding.Name, metav1.DeleteOptions{}) },
 		})
 	case err != nil:
 		return nil, err

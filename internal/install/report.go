@@ -1,6 +1,7 @@
 package install
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,6 +70,9 @@ func IsRefused(err error) bool {
 type run struct {
 	o   *Options
 	res Result
+	// created are the deletes that take back what the run created, for
+	// a rollout that fails and is put back.
+	created []func(context.Context) error
 }
 
 func newRun(o *Options, command string) *run {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
@@ -128,6 +129,9 @@ func TestInstallPutsBackARolloutThatFails(t *testing.T) {
 	err := Install(ctx, c, Options{Image: image, Wait: 2 * time.Second, Out: &out})
 	if err == nil || !strings.Contains(err.Error(), "did not roll out") || !strings.Contains(err.Error(), "is back as it was") {
 		t.Fatalf("install: %v\n%s", err, out.String())
+	}
+	if _, err := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{}); err == nil {
+		t.Errorf("the role the failed install made is still there")
 	}
 	got := get(t, c)
 	if !equalJSON(got.Spec.Template, d.Spec.Template) || !equalJSON(got.Spec.Strategy, d.Spec.Strategy) {

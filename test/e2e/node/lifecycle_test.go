@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -219,6 +220,15 @@ func TestLifecycle(t *testing.T) {
 		if !ok {
 			break
 		}
+		if l.name == "helm" {
+			// The failure paths, on the chart's layout with its rollout
+			// defaults, on the same node.
+			fl := l
+			fl.name = "chart"
+			lc := &lifecycle{t: t, kube: kube, ref: ref, plugins: bin, dir: filepath.Join(tmp, "chart"), l: fl}
+			ok = t.Run("chart defaults, failure paths", lc.failurePaths)
+			report = append(report, lc.report...)
+		}
 	}
 	t.Logf("per step: failed queries, time\n%s", strings.Join(report, "\n"))
 }
@@ -390,17 +400,41 @@ func (lc *lifecycle) kubectl(args ...string) string {
 	return out
 }
 
-// plugin runs `kubectl k8s-event ARGS` as an operator does.
+// plugin runs `kubectl k8s-event ARGS` as an operator does, and fails
+// the test unless it exits 0.
 func (lc *lifecycle) plugin(args ...string) string {
 	lc.t.Helper()
+	return lc.pluginExit(0, args...)
+}
+
+// pluginExit runs `kubectl k8s-event ARGS` and fails the test unless it
+// exits with code.
+func (lc *lifecycle) pluginExit(code int, args ...string) string {
+	lc.t.Helper()
+	out, got := lc.pluginRun(args...)
+	if got != code {
+		lc.t.Fatalf("kubectl k8s-event %s: exit %d, want %d", strings.Join(args, " "), got, code)
+	}
+	return out
+}
+
+// pluginRun runs `kubectl k8s-event ARGS` and returns its output and exit
+// code; it may run beside other calls.
+func (lc *lifecycle) pluginRun(args ...string) (string, int) {
 	cmd := exec.CommandContext(lc.t.Context(), os.Getenv("KUBECTL"), append([]string{"k8s-event"}, args...)...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+lc.kube.KubeconfigPath)
 	out, err := cmd.CombinedOutput()
-	lc.t.Logf("kubectl k8s-event %s\n%s", strings.Join(args, " "), out)
+	lc.t.Logf("kubectl k8s-event %s: %v\n%s", strings.Join(args, " "), err, out)
+	code := 0
 	if err != nil {
-		lc.t.Fatalf("kubectl k8s-event %s: %v", strings.Join(args, " "), err)
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			lc.t.Errorf("kubectl k8s-event %s: %v", strings.Join(args, " "), err)
+			return string(out), -1
+		}
+		code = exit.ExitCode()
 	}
-	return string(out)
+	return string(out), code
 }
 
 func (lc *lifecycle) nsFlags() []string {
@@ -627,6 +661,11 @@ func (lc *lifecycle) run(t *testing.T) {
 	lc.noEvents(pods)
 
 	installArgs := append([]string{"install", "--image", lc.ref, "--option", "level info warning error"}, lc.nsFlags()...)
+	if l.name == "helm" {
+		// The release owns the Deployment: install refuses unless told.
+		lc.pluginExit(5, installArgs...)
+		installArgs = append(installArgs, "--force")
+	}
 	dry := lc.plugin(append(installArgs, "--dry-run")...)
 	for _, want := range []string{"+     kubeapi", "create role " + l.ns + "/" + l.deployment + "-k8s-event", "image: " + lc.ref, "COREDNS_POD_UID"} {
 		if !strings.Contains(dry, want) {
@@ -877,7 +916,7 @@ func (lc *lifecycle) helmUpgrade(installArgs []string) {
 		}
 		lc.waitPods(stockImage)
 	})
-	status := lc.plugin(append([]string{"status"}, lc.nsFlags()...)...)
+	status := lc.pluginExit(4, append([]string{"status"}, lc.nsFlags()...)...)
 	if !strings.Contains(status, "partly undone") {
 		t.Errorf("status after helm upgrade:\n%s", status)
 	}
