@@ -154,6 +154,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	o.Options = options
 	o.Out = stdout
+	switch cmd {
+	case "install", "status":
+	case "uninstall":
+		if o.Image != "" || len(options) > 0 {
+			return usageErr(errors.New("uninstall: --image and --option are for install"))
+		}
+	default:
+		fs.Usage()
+		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall or status", cmd))
+	}
 
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if kubeconfig != "" {
@@ -171,9 +181,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "install":
 		return install.Install(ctx, client, o)
 	case "uninstall":
-		if o.Image != "" || len(options) > 0 {
-			return usageErr(errors.New("uninstall: --image and --option are for install"))
-		}
 		return install.Uninstall(ctx, client, o)
 	case "status":
 		s, err := install.Status(ctx, client, o)
@@ -185,9 +192,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		case !s.Healthy():
 			return &exitError{code: exitProblems}
 		}
-		return nil
-	default:
-		fs.Usage()
-		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall or status", cmd))
 	}
+	return nil
 }

@@ -450,6 +450,9 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 			}
 		}
 	}
+	if d.Spec.Paused {
+		refuse = append(refuse, fmt.Sprintf("deployment %s/%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume deployment/%s first", ns, d.Name, ns, d.Name))
+	}
 	orig := t.current()
 	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, orig.Volume.ConfigMap.Name, metav1.GetOptions{})
 	if err != nil {

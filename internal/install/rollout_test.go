@@ -138,3 +138,39 @@ func TestInstallPutsBackARolloutThatFails(t *testing.T) {
 		t.Errorf("after the failed install the Deployment is not the operator's:\n%s", Diff(specJSON(d), specJSON(got)))
 	}
 }
+
+// An install interrupted during the wait (Ctrl-C) puts back the
+// Deployment as it was, and gives back its lease.
+func TestInstallInterruptedDuringTheWaitIsPutBack(t *testing.T) {
+	d := chartDefaults()
+	c := fake.NewClientset(d.DeepCopy(), configMap())
+	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
+		if now.Spec.Template.Spec.Containers[0].Image == image {
+			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
+		}
+		return rolled(1)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	err := Install(ctx, c, Options{Image: image, Wait: time.Minute})
+	if err == nil || !strings.Contains(err.Error(), "is back as it was") {
+		t.Fatalf("install: %v", err)
+	}
+	got := get(t, c)
+	if !equalJSON(got.Spec.Template, d.Spec.Template) || !equalJSON(got.Spec.Strategy, d.Spec.Strategy) {
+		t.Errorf("after the interrupted install the Deployment is not the operator's:\n%s", Diff(specJSON(d), specJSON(got)))
+	}
+	if _, err := c.CoordinationV1().Leases("kube-system").Get(context.Background(), "coredns-k8s-event", metav1.GetOptions{}); err == nil {
+		t.Errorf("the lease is still there")
+	}
+}
+
+// A paused Deployment would never roll: install refuses.
+func TestInstallRefusesAPausedDeployment(t *testing.T) {
+	d := deployment()
+	d.Spec.Paused = true
+	c := fake.NewClientset(d, configMap())
+	if err := Install(context.Background(), c, Options{Image: image}); !IsRefused(err) || !strings.Contains(err.Error(), "rollout resume") {
+		t.Errorf("install: %v", err)
+	}
+}
