@@ -13,10 +13,13 @@ import (
 
 	"testing"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // zoneFile is a zone the chart's layout serves from its ConfigMap.
@@ -121,6 +124,9 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 	})
 	back("after uninstall")
 
+	// From here the plugin runs as a ServiceAccount bound to the Role the
+	// documentation gives the person who runs it, and nothing more.
+	lc.kubeconfig = lc.operatorKubeconfig(t)
 	lc.do("two installs at once", func() {
 		codes := make([]int, 2)
 		outs := make([]string, 2)
@@ -173,6 +179,34 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 	back("after the last uninstall")
 	lc.probe.finish()
 	lc.kubectl("delete", "-k", dir, "--wait=true")
+}
+
+// operatorKubeconfig is a kubeconfig for a ServiceAccount bound to
+// deploy/kubectl-k8s-event/role.yaml in the layout's namespace.
+func (lc *lifecycle) operatorKubeconfig(t *testing.T) string {
+	ns := lc.l.ns
+	lc.kubectl("-n", ns, "apply", "-f", filepath.Join(repoRoot, "deploy/kubectl-k8s-event/role.yaml"))
+	lc.kubectl("-n", ns, "create", "serviceaccount", "dns-operator")
+	lc.kubectl("-n", ns, "create", "rolebinding", "kubectl-k8s-event", "--role", "kubectl-k8s-event", "--serviceaccount", ns+":dns-operator")
+	tr, err := lc.kube.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), "dns-operator", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.LoadFromFile(lc.kube.KubeconfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range cfg.AuthInfos {
+		*a = clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	}
+	path := filepath.Join(lc.dir, "operator.kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		lc.kube.Kubectl(context.Background(), "-n", ns, "delete", "rolebinding/kubectl-k8s-event", "role/kubectl-k8s-event", "serviceaccount/dns-operator", "--ignore-not-found")
+	})
+	return path
 }
 
 func keys[V any](m map[string]V) []string {

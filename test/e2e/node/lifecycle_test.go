@@ -151,6 +151,8 @@ type lifecycle struct {
 	l       layout
 	probe   *stepProber
 	report  []string
+	// kubeconfig, when set, is the one the plugin runs with.
+	kubeconfig string
 	// stock is the Deployment and ConfigMap as the operator has them.
 	stockDep *appsv1.Deployment
 	stockCM  *corev1.ConfigMap
@@ -422,7 +424,11 @@ func (lc *lifecycle) pluginExit(code int, args ...string) string {
 // code; it may run beside other calls.
 func (lc *lifecycle) pluginRun(args ...string) (string, int) {
 	cmd := exec.CommandContext(lc.t.Context(), os.Getenv("KUBECTL"), append([]string{"k8s-event"}, args...)...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+lc.kube.KubeconfigPath)
+	kubeconfig := lc.kube.KubeconfigPath
+	if lc.kubeconfig != "" {
+		kubeconfig = lc.kubeconfig
+	}
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	out, err := cmd.CombinedOutput()
 	lc.t.Logf("kubectl k8s-event %s: %v\n%s", strings.Join(args, " "), err, out)
 	code := 0
