@@ -603,7 +603,9 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 	if p.patch, err = deploymentPatch(d, want); err != nil {
 		return nil, err
 	}
-	switch _, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); {
+	switch have, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); {
+	case err == nil && (!ours(have.ObjectMeta, d.Name) || !equalJSON(have.Data, gen.Data) || !equalJSON(have.BinaryData, gen.BinaryData)):
+		return nil, &RefusedError{[]string{fmt.Sprintf("configmap %s/%s is there and is not what install would write (its labels or its content differ): the pods would read it; delete it, or rename it, and run install again", ns, gen.Name)}}
 	case err == nil:
 		p.genThere = true
 	case !apierrors.IsNotFound(err):

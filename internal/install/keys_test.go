@@ -91,3 +91,24 @@ func TestInstallNamesTheContainersWhenNoneIsCoredns(t *testing.T) {
 		t.Errorf("images %s, %s", got[0].Image, got[1].Image)
 	}
 }
+
+// A ConfigMap of the name install would write that is not its own, or
+// whose content was edited, is refused: the pods would read it.
+func TestInstallRefusesAConfigMapOfItsNameThatIsNotItsOwn(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	name := get(t, c).Spec.Template.Spec.Volumes[0].ConfigMap.Name
+	if err := Uninstall(ctx, c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	impostor := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"}, Data: map[string]string{"Corefile": ".:53 {\n    whoami\n}\n"}}
+	if _, err := c.CoreV1().ConfigMaps("kube-system").Create(ctx, impostor, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Install(ctx, c, Options{Image: image}); !IsRefused(err) || !strings.Contains(err.Error(), "is not what install would write") {
+		t.Errorf("install: %v", err)
+	}
+}
