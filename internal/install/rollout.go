@@ -28,7 +28,9 @@ import (
 // rollout does to availability.
 func safeRollout(d *appsv1.Deployment) (*appsv1.DeploymentStrategy, string) {
 	replicas := ptrOr(d.Spec.Replicas, 1)
-	ready := d.Status.ReadyReplicas
+	// Mid-rollout there may be more Ready pods than replicas; the
+	// Deployment keeps no more than its replicas in the end.
+	ready := min(d.Status.ReadyReplicas, replicas)
 	s := d.Spec.Strategy
 	unavailable, surge := int32(0), int32(0)
 	switch s.Type {

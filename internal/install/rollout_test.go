@@ -174,3 +174,36 @@ func TestInstallRefusesAPausedDeployment(t *testing.T) {
 		t.Errorf("install: %v", err)
 	}
 }
+
+// What the rollout does to availability, strategy by strategy: a surge
+// only where the Deployment's own strategy could go below the Ready pods
+// found (never above its replicas).
+func TestSafeRollout(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		replicas, ready int32
+		strategy        appsv1.DeploymentStrategy
+		surge           int // 0: the Deployment's own strategy
+	}{
+		{"chart defaults", 1, 1, appsv1.DeploymentStrategy{RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: ptrTo(intstr.FromInt32(1))}}, 1},
+		{"kubeadm", 2, 2, appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: ptrTo(intstr.FromInt32(1))}}, 1},
+		{"defaults, 3 replicas", 3, 3, appsv1.DeploymentStrategy{}, 0},
+		{"defaults, 8 replicas", 8, 8, appsv1.DeploymentStrategy{}, 2},
+		{"recreate", 2, 2, appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}, 1},
+		{"one not ready", 2, 1, appsv1.DeploymentStrategy{RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: ptrTo(intstr.FromInt32(1))}}, 0},
+		{"mid-rollout, more ready than replicas", 3, 4, appsv1.DeploymentStrategy{}, 0},
+		{"none ready", 1, 0, appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}, 0},
+	} {
+		d := deployment()
+		d.Spec.Replicas = &tc.replicas
+		d.Status.ReadyReplicas = tc.ready
+		d.Spec.Strategy = tc.strategy
+		tmp, why := safeRollout(d)
+		switch {
+		case tc.surge == 0 && tmp != nil:
+			t.Errorf("%s: a temporary strategy, want none: %s", tc.name, why)
+		case tc.surge != 0 && (tmp == nil || tmp.RollingUpdate.MaxUnavailable.IntValue() != 0 || tmp.RollingUpdate.MaxSurge.IntValue() != tc.surge):
+			t.Errorf("%s: %+v, want maxUnavailable 0, maxSurge %d: %s", tc.name, tmp, tc.surge, why)
+		}
+	}
+}
