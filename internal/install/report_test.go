@@ -94,3 +94,46 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("status with the generated ConfigMap gone: %+v", s.Problems)
 	}
 }
+
+// The uninstall's dry run lists the writes the uninstall makes, in order.
+func TestUninstallDryRunListsEveryChange(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(chartDefaults(), configMap())
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	// The ReplicaSet the Deployment controller keeps of the installed
+	// revision: it still reads the generated ConfigMap.
+	d := get(t, c)
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "coredns-1", Namespace: "kube-system",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "coredns", UID: d.UID}}},
+		Spec: appsv1.ReplicaSetSpec{Template: d.Spec.Template}}
+	if _, err := c.AppsV1().ReplicaSets("kube-system").Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(dry bool) string {
+		var out bytes.Buffer
+		if err := Uninstall(ctx, c, Options{DryRun: dry, Wait: 5 * time.Second, JSON: true, Out: &out}); err != nil {
+			t.Fatalf("uninstall (dry run %v): %v\n%s", dry, err, out.String())
+		}
+		var r Result
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		var s []string
+		for _, ch := range r.Changes {
+			s = append(s, fmt.Sprintf("%s %s %s", ch.Action, ch.Kind, ch.Name))
+		}
+		return strings.Join(s, "\n")
+	}
+	dry, real := run(true), run(false)
+	if dry != real {
+		t.Errorf("the dry run says\n%s\nthe run did\n%s", dry, real)
+	}
+	for _, want := range []string{"patch deployment", "delete rolebinding", "delete role"} {
+		if !strings.Contains(dry, want) {
+			t.Errorf("the dry run does not say %q:\n%s", want, dry)
+		}
+	}
+}

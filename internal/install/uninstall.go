@@ -107,7 +107,10 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 		when = "after the rollout"
 	}
 	if o.DryRun {
-		r.rbacRemoval(ctx, c, ns, name, when)
+		if tmp != nil && t.rec != nil {
+			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, When: when, Detail: "strategy back to " + strategyString(before.Spec.Strategy)},
+				fmt.Sprintf("%s, patch deployment %s/%s", when, ns, name))
+		}
 		unused, err := unusedConfigMaps(ctx, c, before, "")
 		if err != nil {
 			return err
@@ -115,7 +118,7 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 		for _, cm := range unused {
 			r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of deployment " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
 		}
-		return nil
+		return r.rbacRemoval(ctx, c, ns, name, when)
 	}
 	if patched {
 		orig := t.current()
