@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/retry"
 )
 
 // zoneFile is a zone the chart's layout serves from its ConfigMap.
@@ -52,13 +53,16 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 	if _, err := c.CoreV1().ConfigMaps(l.ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	d := lc.deploymentObj()
-	d.Spec.Replicas = ptr(int32(1))
-	d.Spec.Template.Spec.Volumes[0].ConfigMap.Items = []corev1.KeyToPath{
-		{Key: "Corefile", Path: "Corefile"}, {Key: "db.example.test", Path: "db.example.test"},
-		{Key: "NodeHosts", Path: "NodeHosts"}, {Key: "site.bin", Path: "site.bin"},
-	}
-	if _, err := c.AppsV1().Deployments(l.ns).Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		d := lc.deploymentObj()
+		d.Spec.Replicas = ptr(int32(1))
+		d.Spec.Template.Spec.Volumes[0].ConfigMap.Items = []corev1.KeyToPath{
+			{Key: "Corefile", Path: "Corefile"}, {Key: "db.example.test", Path: "db.example.test"},
+			{Key: "NodeHosts", Path: "NodeHosts"}, {Key: "site.bin", Path: "site.bin"},
+		}
+		_, err := c.AppsV1().Deployments(l.ns).Update(ctx, d, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	lc.waitPods(stockImage)

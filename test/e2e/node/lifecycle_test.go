@@ -502,7 +502,8 @@ func (lc *lifecycle) waitPods(image string) []corev1.Pod {
 	})
 	if err != nil {
 		describe, _, _ := lc.kube.Kubectl(t.Context(), "-n", lc.l.ns, "describe", "pods", "-l", lc.l.selector)
-		t.Fatalf("pods of %s/%s: %v: %s\n%s", lc.l.ns, lc.l.deployment, err, why, describe)
+		logs, _, _ := lc.kube.Kubectl(t.Context(), "-n", lc.l.ns, "logs", "-l", lc.l.selector, "--previous", "--tail=20")
+		t.Fatalf("pods of %s/%s: %v: %s\n%s\nlogs of the previous containers:\n%s", lc.l.ns, lc.l.deployment, err, why, describe, logs)
 	}
 	for _, p := range pods {
 		for _, s := range p.Status.ContainerStatuses {
