@@ -36,10 +36,17 @@ const usage = `Usage: kubectl k8s-event install|uninstall|status [flags]
               RoleBinding for its ServiceAccount to create and patch events
   uninstall   give back the image, variables and Corefile reference it had,
               remove the Role and RoleBinding
-  status      say whether k8s_event is installed
+  status      say whether k8s_event is installed, and what keeps it from
+              working
 
 Run install again after editing your Corefile's ConfigMap: the pods roll to
 the new one.
+
+Exit status: 0 done (status: installed, no problem); 1 failed; 2 bad
+usage; 3 status: not installed; 4 status: installed with problems, partly
+undone, or installed by other means; 5 refused (another owner, a lease of
+another run, keys another controller keeps current; --force goes on where
+it can), nothing changed.
 
 Flags:
 `
@@ -50,13 +57,52 @@ type lines []string
 func (l *lines) String() string     { return strings.Join(*l, ", ") }
 func (l *lines) Set(v string) error { *l = append(*l, v); return nil }
 
+// Exit codes.
+const (
+	exitFailed       = 1
+	exitUsage        = 2
+	exitNotInstalled = 3
+	exitProblems     = 4
+	exitRefused      = 5
+)
+
+// exitError carries an exit code other than 1.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return ""
+	}
+	return e.err.Error()
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "kubectl k8s-event:", err)
-		os.Exit(1)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// exitCode says err, when there is something to say, and returns its code.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
 	}
+	code := exitFailed
+	var e *exitError
+	switch {
+	case errors.As(err, &e):
+		code = e.code
+	case install.IsRefused(err):
+		code = exitRefused
+	}
+	if msg := err.Error(); msg != "" {
+		fmt.Fprintln(stderr, "kubectl k8s-event:", msg)
+	}
+	return code
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -78,24 +124,46 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Image, "image", "", "install: the CoreDNS image with k8s_event")
 	fs.Var(&options, "option", "install: a line of the k8s_event block, e.g. 'level info warning error' (repeatable; default: none, the plugin's defaults)")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print what would change, change nothing")
-	fs.DurationVar(&o.Wait, "timeout", 5*time.Minute, "how long to wait for the rollout (0: do not wait)")
+	fs.DurationVar(&o.Wait, "timeout", 5*time.Minute, "how long to wait for the rollout before putting back what was changed (0: do not wait)")
+	fs.BoolVar(&o.Force, "force", false, "go on where another owner keeps CoreDNS (addon manager, helm, Argo CD, Flux, k3s, a server-side applier), where the Corefile's ConfigMap has keys another controller rewrites, or where --timeout 0 could take Ready pods below their count")
+	var output string
+	fs.StringVar(&output, "o", "", "output format: json (default: text)")
+	fs.StringVar(&output, "output", "", "output format: json (default: text)")
 
+	usageErr := func(err error) error { return &exitError{exitUsage, err} }
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fs.Usage()
-		return errors.New("name a command: install, uninstall or status")
+		return usageErr(errors.New("name a command: install, uninstall or status"))
 	}
 	cmd := args[0]
 	if err := fs.Parse(args[1:]); err != nil {
-		return err
+		return usageErr(err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected arguments %q", cmd, fs.Args())
+		return usageErr(fmt.Errorf("%s: unexpected arguments %q", cmd, fs.Args()))
 	}
 	if o.Wait < 0 {
-		return fmt.Errorf("--timeout %v: must not be negative", o.Wait)
+		return usageErr(fmt.Errorf("--timeout %v: must not be negative", o.Wait))
+	}
+	switch output {
+	case "":
+	case "json":
+		o.JSON = true
+	default:
+		return usageErr(fmt.Errorf("-o %q: want json", output))
 	}
 	o.Options = options
 	o.Out = stdout
+	switch cmd {
+	case "install", "status":
+	case "uninstall":
+		if o.Image != "" || len(options) > 0 {
+			return usageErr(errors.New("uninstall: --image and --option are for install"))
+		}
+	default:
+		fs.Usage()
+		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall or status", cmd))
+	}
 
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if kubeconfig != "" {
@@ -113,14 +181,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "install":
 		return install.Install(ctx, client, o)
 	case "uninstall":
-		if o.Image != "" || len(options) > 0 {
-			return errors.New("uninstall: --image and --option are for install")
-		}
 		return install.Uninstall(ctx, client, o)
 	case "status":
-		return install.Status(ctx, client, o)
-	default:
-		fs.Usage()
-		return fmt.Errorf("unknown command %q: want install, uninstall or status", cmd)
+		s, err := install.Status(ctx, client, o)
+		switch {
+		case err != nil:
+			return err
+		case s.State == install.StateNotInstalled:
+			return &exitError{code: exitNotInstalled}
+		case !s.Healthy():
+			return &exitError{code: exitProblems}
+		}
 	}
+	return nil
 }

@@ -14,7 +14,9 @@ import (
 // when none has it), and whether it changed anything. Every other server
 // block, plugin and option stays as it was. k8s_event gets block as its
 // options (e.g. "level info warning error"), or none for its defaults.
-// Blocks that already have kubeapi or k8s_event keep theirs.
+// Blocks that already have kubeapi or k8s_event keep theirs, and every
+// k8s_event block takes the options given: each replaces the line of the
+// same property.
 //
 // The Corefile is parsed with the parser kubeadm migrates Corefiles with
 // (github.com/coredns/corefile-migration) and written back in its layout:
@@ -52,22 +54,55 @@ func AddPlugins(text string, options []string) (string, bool, error) {
 			changed = true
 		}
 		if !slices.ContainsFunc(s.Plugins, named("k8s_event")) {
-			p := &corefile.Plugin{Name: "k8s_event"}
+			s.Plugins = append(s.Plugins, &corefile.Plugin{Name: "k8s_event"})
+			changed = true
+		}
+	}
+	// Every k8s_event block takes the options: a property it has already
+	// is replaced, in its place; the settings are process-wide, so blocks
+	// that differ would conflict.
+	for _, s := range cf.Servers {
+		for _, p := range s.Plugins {
+			if p.Name != "k8s_event" {
+				continue
+			}
 			for _, o := range options {
 				f := strings.Fields(o)
 				if len(f) == 0 {
 					continue
 				}
-				p.Options = append(p.Options, &corefile.Option{Name: f[0], Args: f[1:]})
+				i := slices.IndexFunc(p.Options, func(have *corefile.Option) bool { return have.Name == f[0] })
+				switch {
+				case i < 0:
+					p.Options = append(p.Options, &corefile.Option{Name: f[0], Args: f[1:]})
+					changed = true
+				case !slices.Equal(p.Options[i].Args, f[1:]):
+					p.Options[i].Args = f[1:]
+					changed = true
+				}
 			}
-			s.Plugins = append(s.Plugins, p)
-			changed = true
 		}
 	}
 	if !changed {
 		return text, false, nil
 	}
-	return cf.ToString(), true, nil
+	return format(cf), true, nil
+}
+
+// format writes cf as corefile.Corefile.ToString does, except that a
+// server block or snippet with nothing in it keeps its braces, which
+// ToString drops (and without them the next block's key is read as its
+// content). A top-level import has none.
+func format(cf *corefile.Corefile) string {
+	strs := make([]string, 0, len(cf.Servers))
+	for _, s := range cf.Servers {
+		out := s.ToString()
+		if len(s.Plugins) == 0 && (len(s.DomPorts) == 0 || s.DomPorts[0] != "import") {
+			out += " {\n}\n"
+		}
+		strs = append(strs, out)
+	}
+	return strings.Join(strs, "\n")
 }
 
 // HasPlugins reports whether any server block of the Corefile has

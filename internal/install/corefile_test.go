@@ -114,3 +114,119 @@ func TestDiff(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
+
+// An install changes only what k8s_event needs and keeps every other line
+// of the Corefile: a quoted argument with a space must stay one argument.
+func TestAddPluginsKeepsQuotedArgs(t *testing.T) {
+	in := `.:53 {
+    errors
+    template IN TXT version.example {
+        answer "version.example. 60 IN TXT \"v1 two\""
+    }
+    kubernetes cluster.local
+    forward . /etc/resolv.conf
+}
+`
+	out, _, err := AddPlugins(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `answer "version.example. 60 IN TXT \"v1 two\""`) {
+		t.Errorf("the quoted answer is not kept:\n%s", Diff(in, out))
+	}
+}
+
+// Environment substitution ({$VAR}) is resolved by CoreDNS when it loads
+// the Corefile; an install must keep the placeholder, not the value on the
+// machine that runs kubectl.
+func TestAddPluginsKeepsEnvPlaceholders(t *testing.T) {
+	t.Setenv("UPSTREAM_DNS", "192.0.2.99")
+	in := `.:53 {
+    errors
+    kubernetes cluster.local
+    forward . {$UPSTREAM_DNS}
+}
+`
+	out, _, err := AddPlugins(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "forward . {$UPSTREAM_DNS}") {
+		t.Errorf("the placeholder is not kept:\n%s", Diff(in, out))
+	}
+}
+
+// A server block with several keys keeps all of them.
+func TestAddPluginsKeepsServerKeys(t *testing.T) {
+	in := `cluster.local:53 in-addr.arpa:53 {
+    errors
+    kubernetes cluster.local in-addr.arpa
+}
+. {
+    forward . /etc/resolv.conf
+}
+`
+	out, _, err := AddPlugins(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "cluster.local:53 in-addr.arpa:53 {") {
+		t.Errorf("the server keys are not kept:\n%s", Diff(in, out))
+	}
+}
+
+// A Corefile that imports a snippet holding kubernetes: the server block
+// importing it is the one serving the cluster, so it gets the plugins, and
+// the snippet is kept.
+func TestAddPluginsSnippetWithKubernetes(t *testing.T) {
+	in := `(cluster) {
+    kubernetes cluster.local
+}
+.:53 {
+    errors
+    import cluster
+    forward . /etc/resolv.conf
+}
+`
+	out, _, err := AddPlugins(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "(cluster) {") || !strings.Contains(out, "import cluster") {
+		t.Errorf("the snippet or its import is not kept:\n%s", out)
+	}
+	if !strings.Contains(out, "kubeapi") {
+		t.Errorf("no kubeapi:\n%s", out)
+	}
+}
+
+// A Corefile that imports other files (kubeadm-like "import
+// /etc/coredns/custom/*.server"): the import line is kept.
+func TestAddPluginsKeepsTopLevelImport(t *testing.T) {
+	in := `.:53 {
+    errors
+    kubernetes cluster.local
+    forward . /etc/resolv.conf
+}
+import /etc/coredns/custom/*.server
+`
+	out, _, err := AddPlugins(in, nil)
+	if err != nil {
+		t.Fatalf("AddPlugins: %v", err)
+	}
+	if !strings.Contains(out, "import /etc/coredns/custom/*.server") {
+		t.Errorf("the top-level import is lost:\n%s", Diff(in, out))
+	}
+}
+
+// Running it twice changes nothing the second time.
+func TestAddPluginsIdempotent(t *testing.T) {
+	out, _, err := AddPlugins(custom, []string{"level info warning error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, changed, err := AddPlugins(out, []string{"level info warning error"})
+	if err != nil || changed || again != out {
+		t.Errorf("second AddPlugins: changed %v, err %v\n%s", changed, err, Diff(out, again))
+	}
+}

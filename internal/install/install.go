@@ -27,12 +27,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
@@ -88,6 +86,15 @@ type Options struct {
 	Wait time.Duration
 	// Out receives what is done (or, with DryRun, would be done).
 	Out io.Writer
+	// JSON writes one JSON document (a Result, or for status a
+	// StatusReport) to Out in place of text.
+	JSON bool
+	// Force goes on where another owner keeps the Deployment (the addon
+	// manager in Reconcile mode, helm, Argo CD, Flux, k3s, another
+	// server-side applier), where the Corefile's ConfigMap has keys that
+	// another controller keeps current, and where a run that does not
+	// wait could take the Ready pods below their count.
+	Force bool
 }
 
 // record is the value of Annotation: what the install set, and what was
@@ -96,6 +103,10 @@ type record struct {
 	// Image, ConfigMap are what the install set.
 	Image     string `json:"image"`
 	ConfigMap string `json:"configMap"`
+	// Source is a hash of the operator's ConfigMap (its data and
+	// binaryData) that ConfigMap was made from: status tells when it
+	// changed since.
+	Source string `json:"source,omitempty"`
 	// Original is what they replaced.
 	Original original `json:"original"`
 }
@@ -174,12 +185,15 @@ func inspect(d *appsv1.Deployment, o *Options) (*target, error) {
 		}
 	}
 	if t.container < 0 {
-		if o.Container != "" || len(spec.Containers) != 1 {
-			var names []string
-			for _, c := range spec.Containers {
-				names = append(names, c.Name)
-			}
+		var names []string
+		for _, c := range spec.Containers {
+			names = append(names, c.Name)
+		}
+		switch {
+		case o.Container != "":
 			return nil, fmt.Errorf("deployment %s/%s: --container %q: not among its containers %v", d.Namespace, d.Name, o.Container, names)
+		case len(spec.Containers) != 1:
+			return nil, fmt.Errorf("deployment %s/%s: none of its containers %v is named coredns: name the CoreDNS one with --container", d.Namespace, d.Name, names)
 		}
 		t.container = 0
 	}
@@ -317,77 +331,221 @@ func checkOptions(lines []string) error {
 	return nil
 }
 
-// GeneratedName is the name of the ConfigMap with data made from the
-// ConfigMap source: source's name, then a hash of the content.
-func GeneratedName(source string, data map[string]string) string {
-	keys := make([]string, 0, len(data))
+// GeneratedName is the name of the ConfigMap with data and binary made
+// from the ConfigMap source: source's name, then a hash of the content.
+func GeneratedName(source string, data map[string]string, binary map[string][]byte) string {
+	return source + "-k8s-event-" + contentHash(data, binary)[:10]
+}
+
+// contentHash is a hash of a ConfigMap's data and binaryData.
+func contentHash(data map[string]string, binary map[string][]byte) string {
+	keys := make([]string, 0, len(data)+len(binary))
 	for k := range data {
+		keys = append(keys, k)
+	}
+	for k := range binary {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	h := sha256.New()
 	for _, k := range keys {
-		fmt.Fprintf(h, "%d:%s%d:%s", len(k), k, len(data[k]), data[k])
+		if v, ok := data[k]; ok {
+			fmt.Fprintf(h, "%d:%s%d:%s", len(k), k, len(v), v)
+		} else {
+			// binaryData keys are told apart from data keys of the same
+			// content; a ConfigMap cannot have one key in both.
+			fmt.Fprintf(h, "b%d:%s%d:%s", len(k), k, len(binary[k]), binary[k])
+		}
 	}
-	return source + "-k8s-event-" + hex.EncodeToString(h.Sum(nil))[:10]
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // Install adds k8s_event to the CoreDNS Deployment that o names.
 func Install(ctx context.Context, c kubernetes.Interface, o Options) error {
+	r := newRun(&o, "install")
+	return r.finish(r.install(ctx, c))
+}
+
+// installPlan is what an install changes, worked out before anything is.
+type installPlan struct {
+	d        *appsv1.Deployment
+	t        *target
+	gen      *corev1.ConfigMap
+	genThere bool
+	ann      string
+	rbac     []rbacStep
+	patch    *patch
+	strategy *appsv1.DeploymentStrategy // temporary, for the rollout; nil: the operator's
+	prunes   []string
+}
+
+func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
+	o := r.o
 	if o.Image == "" {
 		return errors.New("--image: empty: name the CoreDNS image with k8s_event")
 	}
 	if err := checkOptions(o.Options); err != nil {
 		return err
 	}
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error { return install(ctx, c, &o) })
-}
-
-func install(ctx context.Context, c kubernetes.Interface, o *Options) error {
 	d, err := findDeployment(ctx, c, o)
 	if err != nil {
 		return err
 	}
-	t, err := inspect(d, o)
-	if err != nil {
+	if !o.DryRun {
+		unlock, err := lock(ctx, c, d.Namespace, d.Name, 2*o.Wait+2*time.Minute)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
+	var p *installPlan
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		r.res.Changes, r.res.Warnings = []Change{}, nil
+		var err error
+		if p, err = r.planInstall(ctx, c); err != nil {
+			return err
+		}
+		return r.applyInstall(ctx, c, p)
+	})
+	if err != nil || o.DryRun || p.patch == nil {
 		return err
 	}
-	orig := t.current()
+	ns, name := p.d.Namespace, p.d.Name
+	verify := func(now *appsv1.Deployment) error {
+		spec := &now.Spec.Template.Spec
+		if p.t.container >= len(spec.Containers) || p.t.volume >= len(spec.Volumes) || spec.Volumes[p.t.volume].ConfigMap == nil {
+			return fmt.Errorf("deployment %s/%s changed during the rollout: its containers or volumes are not the ones install patched", ns, name)
+		}
+		img, cm := spec.Containers[p.t.container].Image, spec.Volumes[p.t.volume].ConfigMap.Name
+		if img != o.Image || cm != p.gen.Name || now.Spec.Template.Annotations[Annotation] != p.ann {
+			return fmt.Errorf("deployment %s/%s changed during the rollout%s: it runs image %s with configmap %s, not %s with %s; whatever changed it keeps CoreDNS as it wants: k8s_event is not installed", ns, name, changedBy(now, p.t), img, cm, o.Image, p.gen.Name)
+		}
+		return nil
+	}
+	return r.rollout(ctx, c, p.d, p.strategy, verify, p.gen)
+}
+
+// planInstall works out what the install changes, and refuses what it
+// must not do.
+func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*installPlan, error) {
+	o := r.o
+	d, err := findDeployment(ctx, c, o)
+	if err != nil {
+		return nil, err
+	}
+	t, err := inspect(d, o)
+	if err != nil {
+		return nil, err
+	}
 	ns := d.Namespace
+	r.res.Deployment = ns + "/" + d.Name
+	var refuse []string
+	if reasons := otherOwners(d, t); len(reasons) > 0 {
+		if !o.Force {
+			refuse = append(refuse, reasons...)
+		}
+		for _, why := range reasons {
+			if o.Force {
+				r.warn("--force: " + why)
+			}
+		}
+	}
+	if d.Spec.Paused {
+		refuse = append(refuse, fmt.Sprintf("deployment %s/%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume deployment/%s first", ns, d.Name, ns, d.Name))
+	}
+	orig := t.current()
 	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, orig.Volume.ConfigMap.Name, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("the Corefile's ConfigMap: %w", err)
+		return nil, fmt.Errorf("the Corefile's ConfigMap: %w", err)
 	}
 	text, ok := src.Data[t.key]
 	if !ok {
-		return fmt.Errorf("ConfigMap %s/%s has no key %q, which the Deployment reads as its Corefile", ns, src.Name, t.key)
+		return nil, fmt.Errorf("ConfigMap %s/%s has no key %q, which the Deployment reads as its Corefile", ns, src.Name, t.key)
+	}
+	ctr := d.Spec.Template.Spec.Containers[t.container]
+	if t.rec == nil && HasPlugins(text) && len(notOurs(ctr.Env)) == len(ctr.Env)-len(Env) {
+		return nil, &RefusedError{[]string{fmt.Sprintf("deployment %s/%s runs k8s_event already, set up by other means (its Corefile, configmap %s, has k8s_event and its container the downward-API variables; image %s): install would take that image for the stock one; change it where it was set up (for example the kustomize component deploy/k8s_event/component)", ns, d.Name, src.Name, ctr.Image)}}
+	}
+	mounted := func(key string) bool {
+		items := orig.Volume.ConfigMap.Items
+		return len(items) == 0 || slices.ContainsFunc(items, func(it corev1.KeyToPath) bool { return it.Key == key })
+	}
+	if _, ok := src.Data["NodeHosts"]; ok && mounted("NodeHosts") {
+		why := fmt.Sprintf("ConfigMap %s/%s has the key NodeHosts, which k3s rewrites as nodes come and go: the pods would read a copy made now, which goes stale (status tells when it has)", ns, src.Name)
+		if !o.Force {
+			refuse = append(refuse, why+"; on k3s, disable the packaged CoreDNS (--disable coredns) and run your own")
+		} else {
+			r.warn("--force: " + why)
+		}
 	}
 	corefile, _, err := AddPlugins(text, o.Options)
 	if err != nil {
-		return fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
+		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
+	}
+	if err := CheckCorefile(corefile); err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: the Corefile made from it would not load: %w", ns, src.Name, t.key, err)
 	}
 	data := map[string]string{}
 	for k, v := range src.Data {
 		data[k] = v
 	}
 	data[t.key] = corefile
+	var binary map[string][]byte
+	if len(src.BinaryData) > 0 {
+		binary = map[string][]byte{}
+		for k, v := range src.BinaryData {
+			binary[k] = slices.Clone(v)
+		}
+	}
+	for _, it := range orig.Volume.ConfigMap.Items {
+		_, inData := data[it.Key]
+		_, inBinary := binary[it.Key]
+		if !inData && !inBinary {
+			return nil, fmt.Errorf("the volume %s lists key %q, which ConfigMap %s/%s has in neither data nor binaryData: the pods could not mount it", orig.Volume.Name, it.Key, ns, src.Name)
+		}
+	}
+	r.res.Keys = nil
+	keys := make([]string, 0, len(data)+len(binary))
+	for k := range data {
+		keys = append(keys, k)
+	}
+	for k := range binary {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		var what string
+		switch v, inData := data[k]; {
+		case k == t.key:
+			what = "the Corefile, with kubeapi and k8s_event"
+		case inData:
+			what = fmt.Sprintf("copied (%d bytes)", len(v))
+		default:
+			what = fmt.Sprintf("copied from binaryData (%d bytes)", len(binary[k]))
+		}
+		if !mounted(k) {
+			what += ", not mounted (the volume's items leave it out)"
+		}
+		r.res.Keys = append(r.res.Keys, k+": "+what)
+	}
 	gen := &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      GeneratedName(src.Name, data),
+			Name:      GeneratedName(src.Name, data, binary),
 			Namespace: ns,
 			Labels:    map[string]string{DeploymentLabel: d.Name, managedByLabel: FieldManager},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID,
 			}},
 		},
-		Data: data,
+		Data:       data,
+		BinaryData: binary,
 	}
 
-	rec := record{Image: o.Image, ConfigMap: gen.Name, Original: orig}
+	rec := record{Image: o.Image, ConfigMap: gen.Name, Source: contentHash(src.Data, src.BinaryData), Original: orig}
 	ann, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	want := d.DeepCopy()
 	tmpl := &want.Spec.Template
@@ -395,135 +553,251 @@ func install(ctx context.Context, c kubernetes.Interface, o *Options) error {
 		tmpl.Annotations = map[string]string{}
 	}
 	tmpl.Annotations[Annotation] = string(ann)
-	ctr := &tmpl.Spec.Containers[t.container]
-	ctr.Image = o.Image
-	ctr.Env = nil
+	wc := &tmpl.Spec.Containers[t.container]
+	wc.Image = o.Image
+	wc.Env = nil
 	for _, e := range orig.Env {
 		if !isOurEnv(e.Name) {
-			ctr.Env = append(ctr.Env, e)
+			wc.Env = append(wc.Env, e)
 		}
 	}
-	ctr.Env = append(ctr.Env, Env...)
+	wc.Env = append(wc.Env, Env...)
 	vol := orig.Volume.DeepCopy()
 	vol.ConfigMap.Name = gen.Name
 	tmpl.Spec.Volumes[t.volume] = *vol
+
+	p := &installPlan{d: d, t: t, gen: gen, ann: string(ann)}
+	r.res.ImageBefore, r.res.ImageAfter = ctr.Image, o.Image
+	if equality.Semantic.DeepEqual(d.Spec.Template, want.Spec.Template) {
+		r.res.Rollout = "none: the Deployment has k8s_event already"
+	} else {
+		tmp, avail := safeRollout(d)
+		r.res.Rollout = avail
+		if tmp != nil && o.Wait <= 0 {
+			why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 install does not wait, so it could not put back a temporary strategy", avail)
+			if !o.Force {
+				refuse = append(refuse, why+": give a --timeout, or --force to roll with the Deployment's own strategy")
+			} else {
+				r.warn("--force: " + why)
+			}
+			tmp = nil
+			r.res.Rollout = "with the Deployment's own strategy (--force)"
+		}
+		if tmp != nil {
+			want.Spec.Strategy = *tmp
+			p.strategy = tmp
+		}
+	}
+	if len(refuse) > 0 {
+		return nil, &RefusedError{refuse}
+	}
 
 	sa := d.Spec.Template.Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
 	}
 	role, binding := rbacFor(d, sa)
+	if p.rbac, err = planRBAC(ctx, c, role, binding, d.Name); err != nil {
+		return nil, err
+	}
+	if p.patch, err = deploymentPatch(d, want); err != nil {
+		return nil, err
+	}
+	switch have, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); {
+	case err == nil && (!ours(have.ObjectMeta, d.Name) || !equalJSON(have.Data, gen.Data) || !equalJSON(have.BinaryData, gen.BinaryData)):
+		return nil, &RefusedError{[]string{fmt.Sprintf("configmap %s/%s is there and is not what install would write (its labels or its content differ): the pods would read it; delete it, or rename it, and run install again", ns, gen.Name)}}
+	case err == nil:
+		p.genThere = true
+	case !apierrors.IsNotFound(err):
+		return nil, err
+	}
+	if p.prunes, err = unusedConfigMaps(ctx, c, d, gen.Name); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
 
-	patch, err := deploymentPatch(d, want)
-	if err != nil {
-		return err
-	}
+// applyInstall makes the changes up to the Deployment's patch, or with
+// DryRun says them.
+func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *installPlan) error {
+	o, d, gen := r.o, p.d, p.gen
+	ns := d.Namespace
 	if o.DryRun {
-		o.printf("# dry run: nothing is changed\n")
+		r.printf("# dry run: nothing is changed\n")
 	}
-	if _, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-		o.printf("create configmap %s/%s, the Corefile of %s with kubeapi and k8s_event:\n%s\n", ns, gen.Name, src.Name, indent(Diff(text, corefile)))
+	r.printf("deployment %s/%s: image %s -> %s\n", ns, d.Name, r.res.ImageBefore, r.res.ImageAfter)
+	r.printf("configmap keys the pods read:\n%s", indent(strings.Join(r.res.Keys, "\n")))
+	r.printf("rollout: %s\n", r.res.Rollout)
+	if p.genThere {
+		r.change(Change{Action: "keep", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "there already"}, "configmap "+ns+"/"+gen.Name+" is there")
+	} else {
+		src := d.Spec.Template.Spec.Volumes[p.t.volume].ConfigMap.Name
+		if p.t.rec != nil && src == p.t.rec.ConfigMap {
+			src = p.t.rec.Original.Volume.ConfigMap.Name
+		}
+		r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: Diff(r.sourceText(ctx, c, ns, src, p.t.key), gen.Data[p.t.key])},
+			fmt.Sprintf("create configmap %s/%s, the Corefile of %s with kubeapi and k8s_event", ns, gen.Name, src))
 		if !o.DryRun {
-			if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil {
+			if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("create configmap %s/%s: %w", ns, gen.Name, err)
 			}
 		}
-	} else if err != nil {
-		return err
-	} else {
-		o.printf("configmap %s/%s is there\n", ns, gen.Name)
 	}
-	if err := ensureRBAC(ctx, c, o, role, binding); err != nil {
-		return err
+	for _, s := range p.rbac {
+		r.change(s.change, s.line)
+		if !o.DryRun && s.do != nil {
+			if err := s.do(ctx); err != nil {
+				return fmt.Errorf("%s: %w", s.line, err)
+			}
+			if s.undo != nil {
+				r.created = append(r.created, s.undo)
+			}
+		}
 	}
-	if patch == nil {
-		o.printf("deployment %s/%s has k8s_event already\n", ns, d.Name)
+	if p.patch == nil {
+		r.change(Change{Action: "keep", Kind: "deployment", Name: ns + "/" + d.Name, Detail: "has k8s_event already"}, fmt.Sprintf("deployment %s/%s has k8s_event already", ns, d.Name))
 	} else {
-		o.printf("patch deployment %s/%s:\n%s", ns, d.Name, indent(string(patch.display)))
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: string(p.patch.display)}, fmt.Sprintf("patch deployment %s/%s", ns, d.Name))
 		if !o.DryRun {
-			if _, err := c.AppsV1().Deployments(ns).Patch(ctx, d.Name, types.StrategicMergePatchType, patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+			if _, err := c.AppsV1().Deployments(ns).Patch(ctx, d.Name, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
 				return fmt.Errorf("patch deployment %s/%s: %w", ns, d.Name, err)
 			}
 		}
+		if p.strategy != nil && o.DryRun {
+			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, When: "after the rollout", Detail: "strategy back to " + strategyString(d.Spec.Strategy)},
+				fmt.Sprintf("after the rollout, patch deployment %s/%s", ns, d.Name))
+		}
 	}
 	if o.DryRun {
-		return nil
+		for _, cm := range p.prunes {
+			r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: "after the rollout", Detail: "no revision of deployment " + d.Name + " reads it"}, "after the rollout, delete configmap "+ns+"/"+cm)
+		}
 	}
-	if err := waitRollout(ctx, c, o, ns, d.Name); err != nil {
-		return err
-	}
-	return prune(ctx, c, o, ns, d.Name)
+	return nil
 }
 
-func rbacFor(d *appsv1.Deployment, sa string) (*rbacv1.Role, *rbacv1.RoleBinding) {
-	meta := metav1.ObjectMeta{
-		Name:      d.Name + "-k8s-event",
-		Namespace: d.Namespace,
-		Labels:    map[string]string{DeploymentLabel: d.Name, managedByLabel: FieldManager},
+// sourceText is the Corefile of the operator's ConfigMap, for the diff.
+func (r *run) sourceText(ctx context.Context, c kubernetes.Interface, ns, name, key string) string {
+	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return ""
 	}
-	role := &rbacv1.Role{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
-		ObjectMeta: meta,
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}},
-	}
-	binding := &rbacv1.RoleBinding{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
-		ObjectMeta: *meta.DeepCopy(),
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: meta.Name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: d.Namespace}},
-	}
-	return role, binding
+	return cm.Data[key]
 }
 
-// ensureRBAC creates the Role and RoleBinding, or sets their rules and
-// subjects when they are there.
-func ensureRBAC(ctx context.Context, c kubernetes.Interface, o *Options, role *rbacv1.Role, binding *rbacv1.RoleBinding) error {
-	ns := role.Namespace
-	roles := c.RbacV1().Roles(ns)
-	have, err := roles.Get(ctx, role.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		o.printf("create role %s/%s: create, patch events\n", ns, role.Name)
-		if !o.DryRun {
-			if _, err := roles.Create(ctx, role, metav1.CreateOptions{FieldManager: FieldManager}); err != nil {
-				return fmt.Errorf("create role %s/%s: %w", ns, role.Name, err)
-			}
+// changedBy names who last set the fields install sets, other than install.
+func changedBy(d *appsv1.Deployment, t *target) string {
+	spec := &d.Spec.Template.Spec
+	if t.container >= len(spec.Containers) {
+		return ""
+	}
+	ctr := spec.Containers[t.container].Name
+	var who []string
+	for _, m := range d.ManagedFields {
+		if m.Manager == FieldManager || m.FieldsV1 == nil {
+			continue
 		}
-	case err != nil:
-		return err
-	case !equalJSON(have.Rules, role.Rules):
-		o.printf("update role %s/%s: create, patch events\n", ns, role.Name)
-		if !o.DryRun {
-			have.Rules = role.Rules
-			if _, err := roles.Update(ctx, have, metav1.UpdateOptions{FieldManager: FieldManager}); err != nil {
-				return fmt.Errorf("update role %s/%s: %w", ns, role.Name, err)
+		if ownsField(m.FieldsV1.Raw, "f:spec", "f:template", "f:spec", "f:containers", fmt.Sprintf(`k:{"name":%q}`, ctr), "f:image") {
+			w := fmt.Sprintf("field manager %q (%s", m.Manager, m.Operation)
+			if m.Time != nil {
+				w += " at " + m.Time.UTC().Format(time.RFC3339)
 			}
+			who = append(who, w+")")
 		}
 	}
-	bindings := c.RbacV1().RoleBindings(ns)
-	hb, err := bindings.Get(ctx, binding.Name, metav1.GetOptions{})
-	subject := binding.Subjects[0]
-	switch {
-	case apierrors.IsNotFound(err):
-		o.printf("create rolebinding %s/%s: role %s to serviceaccount %s/%s\n", ns, binding.Name, role.Name, subject.Namespace, subject.Name)
-		if !o.DryRun {
-			if _, err := bindings.Create(ctx, binding, metav1.CreateOptions{FieldManager: FieldManager}); err != nil {
-				return fmt.Errorf("create rolebinding %s/%s: %w", ns, binding.Name, err)
-			}
-		}
-	case err != nil:
-		return err
-	case !equalJSON(hb.Subjects, binding.Subjects) || !equalJSON(hb.RoleRef, binding.RoleRef):
-		o.printf("replace rolebinding %s/%s: role %s to serviceaccount %s/%s\n", ns, binding.Name, role.Name, subject.Namespace, subject.Name)
-		if !o.DryRun {
-			// The role it refers to cannot change in place.
-			if err := bindings.Delete(ctx, binding.Name, metav1.DeleteOptions{}); err != nil {
+	if len(who) == 0 {
+		return ""
+	}
+	return ", by " + strings.Join(who, " or ")
+}
+
+// rollout waits for the rollout the run started and checks it; on failure
+// it puts back the Deployment's template and strategy as before had them,
+// or says the commands that do. Then it puts back the operator's strategy,
+// gives up the fields it set, and deletes the Corefile ConfigMaps nothing
+// reads any more. gen, when not nil, is the ConfigMap the Deployment must
+// read.
+func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, verify func(*appsv1.Deployment) error, gen *corev1.ConfigMap) error {
+	o := r.o
+	ns, name := before.Namespace, before.Name
+	undo := fmt.Sprintf("kubectl -n %s rollout undo deployment/%s", ns, name)
+	if tmp != nil {
+		undo += "\n" + strategyCommand(ns, name, before.Spec.Strategy)
+	}
+	// What follows runs to its end even when the run is interrupted: an
+	// interrupted rollout is put back.
+	after := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), min(o.Wait, 2*time.Minute)+30*time.Second)
+	}
+	if o.Wait > 0 {
+		now, err := waitRollout(ctx, c, ns, name, o.Wait)
+		if err == nil {
+			err = verify(now)
+			if err != nil {
+				// Someone else's template is rolling: leave it, but give
+				// back the operator's strategy.
+				if tmp != nil {
+					bctx, cancel := after()
+					defer cancel()
+					if serr := setStrategy(bctx, c, ns, name, before.Spec.Strategy); serr != nil {
+						r.res.Undo = strategyCommand(ns, name, before.Spec.Strategy)
+						return fmt.Errorf("%w; putting back the strategy failed (%v): run\n  %s", err, serr, r.res.Undo)
+					}
+				}
 				return err
 			}
-			if _, err := bindings.Create(ctx, binding, metav1.CreateOptions{FieldManager: FieldManager}); err != nil {
-				return fmt.Errorf("create rolebinding %s/%s: %w", ns, binding.Name, err)
+		} else {
+			bctx, cancel := after()
+			defer cancel()
+			r.printf("%v\nputting back deployment %s/%s as it was\n", err, ns, name)
+			perr := putBack(bctx, c, before, min(o.Wait, 2*time.Minute))
+			var serr error
+			if tmp != nil {
+				serr = setStrategy(bctx, c, ns, name, before.Spec.Strategy)
+			}
+			if perr != nil || serr != nil {
+				r.res.Undo = undo
+				return fmt.Errorf("%w; putting it back failed too (%v): run\n  %s", err, errors.Join(perr, serr), strings.ReplaceAll(undo, "\n", "\n  "))
+			}
+			// What the run created for the pods that did not start goes too.
+			for _, undo := range r.created {
+				if uerr := undo(bctx); uerr != nil && !apierrors.IsNotFound(uerr) {
+					r.warn(fmt.Sprintf("taking back what the run created: %v", uerr))
+				}
+			}
+			return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy)", err, ns, name)
+		}
+	}
+	bctx, cancel := after()
+	defer cancel()
+	if tmp != nil {
+		if err := setStrategy(bctx, c, ns, name, before.Spec.Strategy); err != nil {
+			r.res.Undo = strategyCommand(ns, name, before.Spec.Strategy)
+			return fmt.Errorf("the rollout is done, but putting back the strategy failed (%v): run\n  %s", err, r.res.Undo)
+		}
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "strategy back to " + strategyString(before.Spec.Strategy)}, fmt.Sprintf("patch deployment %s/%s", ns, name))
+	}
+	if err := releaseFields(bctx, c, ns, name); err != nil {
+		return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", ns, name, err)
+	}
+	keep := ""
+	if gen != nil {
+		keep = gen.Name
+	}
+	if err := r.prune(bctx, c, ns, name, keep); err != nil {
+		return err
+	}
+	if gen != nil {
+		// Whatever ran meanwhile, the Corefile the Deployment reads is there.
+		if _, err := c.CoreV1().ConfigMaps(ns).Get(bctx, gen.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "it was gone"}, "create configmap "+ns+"/"+gen.Name)
+			if _, err := c.CoreV1().ConfigMaps(ns).Create(bctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
 			}
 		}
+	}
+	if o.Wait > 0 {
+		r.printf("deployment %s/%s rolled out\n", ns, name)
 	}
 	return nil
 }
@@ -579,270 +853,9 @@ func deploymentPatch(have, want *appsv1.Deployment) (*patch, error) {
 	return &patch{body: body, display: display}, nil
 }
 
-// Uninstall gives back what the install replaced in the Deployment that o
-// names, and removes the Role, the RoleBinding and the Corefile
-// ConfigMaps no ReplicaSet of the Deployment refers to any more.
-func Uninstall(ctx context.Context, c kubernetes.Interface, o Options) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error { return uninstall(ctx, c, &o) })
-}
-
-func uninstall(ctx context.Context, c kubernetes.Interface, o *Options) error {
-	d, err := findDeployment(ctx, c, o)
-	if err != nil {
-		return err
-	}
-	t, err := inspect(d, o)
-	if err != nil {
-		return err
-	}
-	ns := d.Namespace
-	if o.DryRun {
-		o.printf("# dry run: nothing is changed\n")
-	}
-	if t.rec == nil {
-		o.printf("deployment %s/%s does not have k8s_event\n", ns, d.Name)
-	} else {
-		orig := t.current()
-		want := d.DeepCopy()
-		tmpl := &want.Spec.Template
-		delete(tmpl.Annotations, Annotation)
-		if len(tmpl.Annotations) == 0 {
-			tmpl.Annotations = nil
-		}
-		ctr := &tmpl.Spec.Containers[t.container]
-		ctr.Image = orig.Image
-		ctr.Env = orig.Env
-		tmpl.Spec.Volumes[t.volume] = orig.Volume
-		patch, err := deploymentPatch(d, want)
-		if err != nil {
-			return err
-		}
-		if patch != nil {
-			o.printf("patch deployment %s/%s:\n%s", ns, d.Name, indent(string(patch.display)))
-			if !o.DryRun {
-				if _, err := c.AppsV1().Deployments(ns).Patch(ctx, d.Name, types.StrategicMergePatchType, patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-					return fmt.Errorf("patch deployment %s/%s: %w", ns, d.Name, err)
-				}
-			}
-		}
-	}
-	name := d.Name + "-k8s-event"
-	if _, err := c.RbacV1().RoleBindings(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
-		o.printf("delete rolebinding %s/%s\n", ns, name)
-		if !o.DryRun {
-			if err := c.RbacV1().RoleBindings(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-		}
-	}
-	if _, err := c.RbacV1().Roles(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
-		o.printf("delete role %s/%s\n", ns, name)
-		if !o.DryRun {
-			if err := c.RbacV1().Roles(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-		}
-	}
-	if o.DryRun {
-		return nil
-	}
-	if err := waitRollout(ctx, c, o, ns, d.Name); err != nil {
-		return err
-	}
-	return prune(ctx, c, o, ns, d.Name)
-}
-
-// prune deletes the Corefile ConfigMaps made for the Deployment that
-// neither it nor any of its ReplicaSets refers to: `kubectl rollout undo`
-// to any revision kept finds the Corefile that revision reads.
-func prune(ctx context.Context, c kubernetes.Interface, o *Options, ns, name string) error {
-	d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	used := map[string]bool{}
-	refs := func(spec *corev1.PodSpec) {
-		for _, v := range spec.Volumes {
-			if v.ConfigMap != nil {
-				used[v.ConfigMap.Name] = true
-			}
-		}
-	}
-	refs(&d.Spec.Template.Spec)
-	rss, err := c.AppsV1().ReplicaSets(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	for _, rs := range rss.Items {
-		for _, ref := range rs.OwnerReferences {
-			if ref.UID == d.UID {
-				refs(&rs.Spec.Template.Spec)
-			}
-		}
-	}
-	cms, err := c.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: DeploymentLabel + "=" + name})
-	if err != nil {
-		return err
-	}
-	for _, cm := range cms.Items {
-		if used[cm.Name] {
-			continue
-		}
-		o.printf("delete configmap %s/%s: no revision of deployment %s reads it\n", ns, cm.Name, name)
-		if err := c.CoreV1().ConfigMaps(ns).Delete(ctx, cm.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return err
-		}
-	}
-	return nil
-}
-
-// waitRollout waits, for up to o.Wait, until every replica of the
-// Deployment runs its current template and is available.
-func waitRollout(ctx context.Context, c kubernetes.Interface, o *Options, ns, name string) error {
-	if o.Wait <= 0 {
-		return nil
-	}
-	var last *appsv1.Deployment
-	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, o.Wait, true, func(ctx context.Context) (bool, error) {
-		d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = d
-		return RolledOut(d), nil
-	})
-	if err != nil {
-		st := ""
-		if last != nil {
-			st = fmt.Sprintf(": %d replicas, %d updated, %d available", last.Status.Replicas, last.Status.UpdatedReplicas, last.Status.AvailableReplicas)
-		}
-		return fmt.Errorf("deployment %s/%s did not roll out within %v%s", ns, name, o.Wait, st)
-	}
-	o.printf("deployment %s/%s rolled out\n", ns, name)
-	return nil
-}
-
-// RolledOut reports whether every replica of d runs its current template
-// and is available, as `kubectl rollout status` tells.
-func RolledOut(d *appsv1.Deployment) bool {
-	want := int32(1)
-	if d.Spec.Replicas != nil {
-		want = *d.Spec.Replicas
-	}
-	s := d.Status
-	return s.ObservedGeneration >= d.Generation && s.UpdatedReplicas == want && s.Replicas == want && s.AvailableReplicas == want
-}
-
-// Status describes whether the Deployment that o names has k8s_event.
-func Status(ctx context.Context, c kubernetes.Interface, o Options) error {
-	d, err := findDeployment(ctx, c, &o)
-	if err != nil {
-		return err
-	}
-	t, err := inspect(d, &o)
-	if err != nil {
-		return err
-	}
-	ns := d.Namespace
-	spec := &d.Spec.Template.Spec
-	ctr := spec.Containers[t.container]
-	state := "not installed"
-	if t.rec != nil {
-		state = "installed"
-		if ctr.Image != t.rec.Image || spec.Volumes[t.volume].ConfigMap.Name != t.rec.ConfigMap {
-			state = "partly undone (run install again, or uninstall)"
-		}
-	}
-	o.printf("deployment %s/%s: k8s_event %s\n", ns, d.Name, state)
-	o.printf("  image %s\n", ctr.Image)
-	o.printf("  Corefile: configmap %s, key %s\n", spec.Volumes[t.volume].ConfigMap.Name, t.key)
-	var env []string
-	for _, e := range ctr.Env {
-		if isOurEnv(e.Name) {
-			env = append(env, e.Name)
-		}
-	}
-	o.printf("  downward-API variables: %s\n", strings.Join(env, " "))
-	if t.rec != nil {
-		o.printf("  before the install: image %s, configmap %s\n", t.rec.Original.Image, t.rec.Original.Volume.ConfigMap.Name)
-	}
-	name := d.Name + "-k8s-event"
-	for kind, get := range map[string]func() error{
-		"role":        func() error { _, err := c.RbacV1().Roles(ns).Get(ctx, name, metav1.GetOptions{}); return err },
-		"rolebinding": func() error { _, err := c.RbacV1().RoleBindings(ns).Get(ctx, name, metav1.GetOptions{}); return err },
-	} {
-		switch err := get(); {
-		case err == nil:
-			o.printf("  %s %s: present\n", kind, name)
-		case apierrors.IsNotFound(err):
-			o.printf("  %s %s: absent\n", kind, name)
-		default:
-			return err
-		}
-	}
-	rolled := "rolling out"
-	if RolledOut(d) {
-		rolled = "rolled out"
-	}
-	o.printf("  replicas: %d available of %d, %s\n", d.Status.AvailableReplicas, ptrOr(d.Spec.Replicas, 1), rolled)
-	return nil
-}
-
 func ptrOr(p *int32, v int32) int32 {
 	if p == nil {
 		return v
 	}
 	return *p
-}
-
-func indent(s string) string {
-	var b strings.Builder
-	for _, l := range strings.SplitAfter(s, "\n") {
-		if l != "" {
-			b.WriteString("    " + l)
-		}
-	}
-	if !strings.HasSuffix(b.String(), "\n") {
-		b.WriteString("\n")
-	}
-	return b.String()
-}
-
-// Diff is a line diff of a and b: lines only in a start with "-", lines
-// only in b with "+", lines in both with " ". Lines that differ only in
-// their indentation are the same: the Corefile parser writes its own.
-func Diff(a, b string) string {
-	x := strings.Split(strings.TrimSuffix(a, "\n"), "\n")
-	y := strings.Split(strings.TrimSuffix(b, "\n"), "\n")
-	// Longest common subsequence, by dynamic programming: Corefiles are
-	// short.
-	lcs := make([][]int, len(x)+1)
-	for i := range lcs {
-		lcs[i] = make([]int, len(y)+1)
-	}
-	for i := len(x) - 1; i >= 0; i-- {
-		for j := len(y) - 1; j >= 0; j-- {
-			if strings.TrimSpace(x[i]) == strings.TrimSpace(y[j]) {
-				lcs[i][j] = lcs[i+1][j+1] + 1
-			} else {
-				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
-			}
-		}
-	}
-	var out strings.Builder
-	i, j := 0, 0
-	for i < len(x) || j < len(y) {
-		switch {
-		case i < len(x) && j < len(y) && strings.TrimSpace(x[i]) == strings.TrimSpace(y[j]):
-			out.WriteString("  " + y[j] + "\n")
-			i, j = i+1, j+1
-		case j < len(y) && (i == len(x) || lcs[i][j+1] >= lcs[i+1][j]):
-			out.WriteString("+ " + y[j] + "\n")
-			j++
-		default:
-			out.WriteString("- " + x[i] + "\n")
-			i++
-		}
-	}
-	return out.String()
 }

@@ -202,7 +202,7 @@ func TestReinstallAfterReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := Status(ctx, c, Options{Out: &out}); err != nil || !strings.Contains(out.String(), "partly undone") {
+	if _, err := Status(ctx, c, Options{Out: &out}); err != nil || !strings.Contains(out.String(), "partly undone") {
 		t.Errorf("status: %v\n%s", err, out.String())
 	}
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
@@ -265,5 +265,89 @@ func TestConfPath(t *testing.T) {
 		if got := confPath(strings.Fields(in)); got != want {
 			t.Errorf("confPath(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// Bad input gets a clear error naming the option and the value, before
+// any pod rolls: a rate whose QPS is not a number would keep CoreDNS from
+// starting.
+func TestInstallRefusesBadRate(t *testing.T) {
+	ctx := context.Background()
+	for _, opt := range []string{"rate fast", "rate 10 many", "rate 10 20 -3"} {
+		c := fake.NewClientset(deployment(), configMap())
+		var out bytes.Buffer
+		err := Install(ctx, c, Options{Image: image, Options: []string{opt}, Out: &out})
+		if err == nil {
+			t.Errorf("--option %q: install went ahead", opt)
+			continue
+		}
+		if !strings.Contains(err.Error(), opt) {
+			t.Errorf("--option %q: error does not name it: %v", opt, err)
+		}
+	}
+}
+
+// Uninstall gives back exactly the env the container had: a variable of
+// one of the four names that was there before comes back in its place.
+func TestUninstallKeepsEnvOrder(t *testing.T) {
+	ctx := context.Background()
+	stock := deployment()
+	stock.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{
+		{Name: "COREDNS_NODE_NAME", Value: "fixed"},
+		{Name: "GODEBUG", Value: "netdns=go"},
+	}
+	c := fake.NewClientset(stock.DeepCopy(), configMap())
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Uninstall(ctx, c, Options{Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(get(t, c).Spec.Template.Spec.Containers[0].Env)
+	want, _ := json.Marshal(stock.Spec.Template.Spec.Containers[0].Env)
+	if string(got) != string(want) {
+		t.Errorf("env after uninstall\n %s\nwant\n %s", got, want)
+	}
+}
+
+// The install takes every property the plugin takes: quiet is one
+// (README, setup.go), so --option "quiet 30s" must go through.
+func TestInstallTakesQuiet(t *testing.T) {
+	c := fake.NewClientset(deployment(), configMap())
+	var out bytes.Buffer
+	if err := Install(context.Background(), c, Options{Image: image, Options: []string{"quiet 30s"}, Out: &out}); err != nil {
+		t.Errorf("--option \"quiet 30s\": %v", err)
+	}
+}
+
+// Install twice changes nothing the second time; install after uninstall
+// gives the same Deployment as the first install.
+func TestInstallTwiceAndAfterUninstall(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(deployment(), configMap())
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	first := specJSON(get(t, c))
+	out.Reset()
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "has k8s_event already") || specJSON(get(t, c)) != first {
+		t.Errorf("second install changed something:\n%s", out.String())
+	}
+	if err := Uninstall(ctx, c, Options{Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if got := specJSON(get(t, c)); got != specJSON(deployment()) {
+		t.Errorf("after uninstall\n%s\nwant\n%s", got, specJSON(deployment()))
+	}
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if specJSON(get(t, c)) != first {
+		t.Errorf("install after uninstall differs from the first")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -150,6 +151,8 @@ type lifecycle struct {
 	l       layout
 	probe   *stepProber
 	report  []string
+	// kubeconfig, when set, is the one the plugin runs with.
+	kubeconfig string
 	// stock is the Deployment and ConfigMap as the operator has them.
 	stockDep *appsv1.Deployment
 	stockCM  *corev1.ConfigMap
@@ -218,6 +221,15 @@ func TestLifecycle(t *testing.T) {
 		report = append(report, lc.report...)
 		if !ok {
 			break
+		}
+		if l.name == "helm" {
+			// The failure paths, on the chart's layout with its rollout
+			// defaults, on the same node.
+			fl := l
+			fl.name = "chart"
+			lc := &lifecycle{t: t, kube: kube, ref: ref, plugins: bin, dir: filepath.Join(tmp, "chart"), l: fl}
+			ok = t.Run("chart defaults, failure paths", lc.failurePaths)
+			report = append(report, lc.report...)
 		}
 	}
 	t.Logf("per step: failed queries, time\n%s", strings.Join(report, "\n"))
@@ -390,17 +402,45 @@ func (lc *lifecycle) kubectl(args ...string) string {
 	return out
 }
 
-// plugin runs `kubectl k8s-event ARGS` as an operator does.
+// plugin runs `kubectl k8s-event ARGS` as an operator does, and fails
+// the test unless it exits 0.
 func (lc *lifecycle) plugin(args ...string) string {
 	lc.t.Helper()
-	cmd := exec.CommandContext(lc.t.Context(), os.Getenv("KUBECTL"), append([]string{"k8s-event"}, args...)...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+lc.kube.KubeconfigPath)
-	out, err := cmd.CombinedOutput()
-	lc.t.Logf("kubectl k8s-event %s\n%s", strings.Join(args, " "), out)
-	if err != nil {
-		lc.t.Fatalf("kubectl k8s-event %s: %v", strings.Join(args, " "), err)
+	return lc.pluginExit(0, args...)
+}
+
+// pluginExit runs `kubectl k8s-event ARGS` and fails the test unless it
+// exits with code.
+func (lc *lifecycle) pluginExit(code int, args ...string) string {
+	lc.t.Helper()
+	out, got := lc.pluginRun(args...)
+	if got != code {
+		lc.t.Fatalf("kubectl k8s-event %s: exit %d, want %d", strings.Join(args, " "), got, code)
 	}
-	return string(out)
+	return out
+}
+
+// pluginRun runs `kubectl k8s-event ARGS` and returns its output and exit
+// code; it may run beside other calls.
+func (lc *lifecycle) pluginRun(args ...string) (string, int) {
+	cmd := exec.CommandContext(lc.t.Context(), os.Getenv("KUBECTL"), append([]string{"k8s-event"}, args...)...)
+	kubeconfig := lc.kube.KubeconfigPath
+	if lc.kubeconfig != "" {
+		kubeconfig = lc.kubeconfig
+	}
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	out, err := cmd.CombinedOutput()
+	lc.t.Logf("kubectl k8s-event %s: %v\n%s", strings.Join(args, " "), err, out)
+	code := 0
+	if err != nil {
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			lc.t.Errorf("kubectl k8s-event %s: %v", strings.Join(args, " "), err)
+			return string(out), -1
+		}
+		code = exit.ExitCode()
+	}
+	return string(out), code
 }
 
 func (lc *lifecycle) nsFlags() []string {
@@ -462,7 +502,8 @@ func (lc *lifecycle) waitPods(image string) []corev1.Pod {
 	})
 	if err != nil {
 		describe, _, _ := lc.kube.Kubectl(t.Context(), "-n", lc.l.ns, "describe", "pods", "-l", lc.l.selector)
-		t.Fatalf("pods of %s/%s: %v: %s\n%s", lc.l.ns, lc.l.deployment, err, why, describe)
+		logs, _, _ := lc.kube.Kubectl(t.Context(), "-n", lc.l.ns, "logs", "-l", lc.l.selector, "--previous", "--tail=20")
+		t.Fatalf("pods of %s/%s: %v: %s\n%s\nlogs of the previous containers:\n%s", lc.l.ns, lc.l.deployment, err, why, describe, logs)
 	}
 	for _, p := range pods {
 		for _, s := range p.Status.ContainerStatuses {
@@ -627,6 +668,11 @@ func (lc *lifecycle) run(t *testing.T) {
 	lc.noEvents(pods)
 
 	installArgs := append([]string{"install", "--image", lc.ref, "--option", "level info warning error"}, lc.nsFlags()...)
+	if l.name == "helm" {
+		// The release owns the Deployment: install refuses unless told.
+		lc.pluginExit(5, installArgs...)
+		installArgs = append(installArgs, "--force")
+	}
 	dry := lc.plugin(append(installArgs, "--dry-run")...)
 	for _, want := range []string{"+     kubeapi", "create role " + l.ns + "/" + l.deployment + "-k8s-event", "image: " + lc.ref, "COREDNS_POD_UID"} {
 		if !strings.Contains(dry, want) {
@@ -877,7 +923,7 @@ func (lc *lifecycle) helmUpgrade(installArgs []string) {
 		}
 		lc.waitPods(stockImage)
 	})
-	status := lc.plugin(append([]string{"status"}, lc.nsFlags()...)...)
+	status := lc.pluginExit(4, append([]string{"status"}, lc.nsFlags()...)...)
 	if !strings.Contains(status, "partly undone") {
 		t.Errorf("status after helm upgrade:\n%s", status)
 	}

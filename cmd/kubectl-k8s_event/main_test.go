@@ -1,0 +1,46 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/dnsops/k8s_event/internal/install"
+)
+
+func TestExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"done", nil, 0},
+		{"failed", errors.New("patch deployment: boom"), exitFailed},
+		{"refused", &install.RefusedError{Reasons: []string{"helm"}}, exitRefused},
+		{"not installed", &exitError{code: exitNotInstalled}, exitNotInstalled},
+		{"problems", &exitError{code: exitProblems}, exitProblems},
+	} {
+		var stderr bytes.Buffer
+		if got := exitCode(tc.err, &stderr); got != tc.want {
+			t.Errorf("%s: exit %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"install", "-o", "yaml"},
+		{"install", "--timeout", "-1s"},
+		{"uninstall", "--image", "x"},
+		{"status", "extra"},
+		{"install", "--no-such-flag"},
+	} {
+		var out, stderr bytes.Buffer
+		err := run(context.Background(), args, &out, &stderr)
+		if got := exitCode(err, &stderr); got != exitUsage {
+			t.Errorf("%q: exit %d (%v), want %d", args, got, err, exitUsage)
+		}
+	}
+}

@@ -1,0 +1,86 @@
+package install
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/coredns/caddy/caddyfile"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// A k8s_event block the plugin refuses (level twice, as the upstream
+// plugin accepted) is refused before anything is written: the whole
+// Corefile is checked, not only the --option lines.
+func TestInstallRefusesAK8sEventBlockThePluginRefuses(t *testing.T) {
+	ctx := context.Background()
+	cm := configMap()
+	cm.Data["Corefile"] = ".:53 {\n    errors\n    kubernetes cluster.local\n    k8s_event {\n        level error\n        level info\n    }\n}\n"
+	c := fake.NewClientset(deployment(), cm)
+	err := Install(ctx, c, Options{Image: image})
+	if err == nil || !strings.Contains(err.Error(), "level given twice") {
+		t.Fatalf("install: %v, want the block refused", err)
+	}
+	if cms, _ := c.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{}); len(cms.Items) != 1 {
+		t.Errorf("%d ConfigMaps, want the operator's only", len(cms.Items))
+	}
+}
+
+// An empty server block or snippet keeps its braces: without them the
+// next block's key is read as its content.
+func TestAddPluginsKeepsEmptyBlocks(t *testing.T) {
+	in := "(empty) {\n}\n.:53 {\n    kubernetes cluster.local\n}\nempty.example:53 {\n}\n"
+	out, _, err := AddPlugins(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := caddyfile.Parse("Corefile", strings.NewReader(out), nil); err != nil {
+		t.Errorf("the Corefile does not parse: %v\n%s", err, out)
+	}
+	for _, want := range []string{"(empty) {\n}", "empty.example:53 {\n}"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("lost %q:\n%s", want, out)
+		}
+	}
+}
+
+// --option sets the property in a k8s_event block the Corefile has
+// already: the line of that property is replaced.
+func TestInstallOptionReplacesTheLineOfAnExistingBlock(t *testing.T) {
+	ctx := context.Background()
+	cm := configMap()
+	cm.Data["Corefile"] = ".:53 {\n    errors\n    kubernetes cluster.local\n    kubeapi\n    k8s_event {\n        level error\n        rate 1 20\n    }\n}\n"
+	c := fake.NewClientset(deployment(), cm)
+	if err := Install(ctx, c, Options{Image: image, Options: []string{"level info warning error"}}); err != nil {
+		t.Fatal(err)
+	}
+	gen, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, get(t, c).Spec.Template.Spec.Volumes[0].ConfigMap.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := gen.Data["Corefile"]
+	if !strings.Contains(got, "level info warning error") || strings.Contains(got, "level error\n") || !strings.Contains(got, "rate 1 20") {
+		t.Errorf("the Corefile the pods read:\n%s", got)
+	}
+}
+
+// The whole Corefile is read as the CoreDNS being installed reads it: its
+// directives, and k8s_event's settings across server blocks.
+func TestCheckCorefile(t *testing.T) {
+	for _, tc := range []struct{ corefile, wantErr string }{
+		{custom, ""},
+		{".:53 {\n    kubernetes cluster.local\n    kubeapi\n    k8s_event\n}\nimport /etc/coredns/custom/zones.server\n", ""},
+		{"(common) {\n    errors\n}\n.:53 {\n    import common\n    k8s_event\n}\n", ""},
+		{".:53 {\n    kubernetes cluster.local\n    no_such_plugin\n}\n", "Unknown directive 'no_such_plugin'"},
+		{"a.:53 {\n    k8s_event {\n        quiet 1m\n    }\n}\nb.:53 {\n    k8s_event {\n        quiet 2m\n    }\n}\n", "quiet 2m0s conflicts with quiet 1m0s"},
+	} {
+		err := CheckCorefile(tc.corefile)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%q: %v", tc.corefile, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%q: %v, want %q", tc.corefile, err, tc.wantErr)
+		}
+	}
+}

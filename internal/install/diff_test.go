@@ -1,0 +1,98 @@
+package install
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// applyDiff rebuilds both sides of a Diff.
+func applyDiff(d string) (a, b string) {
+	var x, y strings.Builder
+	for _, l := range strings.Split(strings.TrimSuffix(d, "\n"), "\n") {
+		if l == "" {
+			continue
+		}
+		switch l[0] {
+		case ' ':
+			x.WriteString(l[2:] + "\n")
+			y.WriteString(l[2:] + "\n")
+		case '-':
+			x.WriteString(l[2:] + "\n")
+		case '+':
+			y.WriteString(l[2:] + "\n")
+		}
+	}
+	return x.String(), y.String()
+}
+
+// Both sides come back from the diff, and the diff is no longer than the
+// changes made.
+func TestDiffRebuildsBothSides(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 300 {
+		var a []string
+		for range r.IntN(30) {
+			a = append(a, fmt.Sprint("l", r.IntN(8)))
+		}
+		b := append([]string(nil), a...)
+		changes := r.IntN(6)
+		for range changes {
+			i := r.IntN(len(b) + 1)
+			if r.IntN(2) == 0 || len(b) == 0 || i == len(b) {
+				b = append(b[:i], append([]string{fmt.Sprint("n", r.IntN(8))}, b[i:]...)...)
+			} else {
+				b = append(b[:i], b[i+1:]...)
+			}
+		}
+		as, bs := strings.Join(a, "\n")+"\n", strings.Join(b, "\n")+"\n"
+		if len(a) == 0 {
+			as = ""
+		}
+		if len(b) == 0 {
+			bs = ""
+		}
+		d := Diff(as, bs)
+		x, y := applyDiff(d)
+		if strings.TrimSpace(x) != strings.TrimSpace(as) || strings.TrimSpace(y) != strings.TrimSpace(bs) {
+			t.Fatalf("Diff(%q, %q) =\n%s", as, bs, d)
+		}
+		if n := strings.Count(d, "\n+ ") + strings.Count(d, "\n- ") + btoi(strings.HasPrefix(d, "+ ") || strings.HasPrefix(d, "- ")); n > changes {
+			t.Fatalf("Diff(%q, %q) has %d changed lines for %d changes:\n%s", as, bs, n, changes, d)
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// A Corefile near the ConfigMap size limit is diffed in memory that
+// follows the change, not the square of its lines.
+func TestDiffLargeCorefileMemory(t *testing.T) {
+	var b strings.Builder
+	for i := 0; b.Len() < 145<<10; i++ {
+		fmt.Fprintf(&b, "zone%d.example:53 {\n    forward . 10.0.%d.%d\n}\n", i, i/250%250, i%250)
+	}
+	a := b.String()
+	out, _, err := AddPlugins(".:53 {\n    kubernetes cluster.local\n}\n"+a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	d := Diff(".:53 {\n    kubernetes cluster.local\n}\n"+a, out)
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
+		t.Errorf("Diff of a %d KB Corefile allocated %d MB", len(a)>>10, alloc>>20)
+	}
+	if !strings.Contains(d, "+     k8s_event") {
+		t.Errorf("the diff lacks the added line")
+	}
+}

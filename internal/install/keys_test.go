@@ -1,0 +1,114 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// The Corefile ConfigMap the pods read keeps every key of the operator's,
+// binaryData too, and the dry run names each.
+func TestInstallKeepsBinaryData(t *testing.T) {
+	ctx := context.Background()
+	d := deployment()
+	d.Spec.Template.Spec.Volumes[0].ConfigMap.Items = []corev1.KeyToPath{
+		{Key: "Corefile", Path: "Corefile"}, {Key: "db.example", Path: "db.example"}, {Key: "site.bin", Path: "site.bin"},
+	}
+	cm := configMap()
+	cm.Data["db.example"] = "$ORIGIN example.\n@ 3600 IN SOA ns. admin. 1 7200 3600 1209600 3600\n"
+	cm.BinaryData = map[string][]byte{"site.bin": []byte("\x00\x01binary\xff\xfe\x00\x02")}
+	c := fake.NewClientset(d, cm)
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, DryRun: true, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "site.bin") {
+		t.Errorf("the dry run does not name site.bin:\n%s", out.String())
+	}
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	gen, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, get(t, c).Spec.Template.Spec.Volumes[0].ConfigMap.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(gen.BinaryData["site.bin"]) != string(cm.BinaryData["site.bin"]) || gen.Data["db.example"] != cm.Data["db.example"] {
+		t.Errorf("the generated ConfigMap has data %v, binaryData %v", keysOf(gen.Data), gen.BinaryData)
+	}
+}
+
+func keysOf(m map[string]string) []string {
+	var k []string
+	for x := range m {
+		k = append(k, x)
+	}
+	return k
+}
+
+// The dry run says the prune the real run makes.
+func TestInstallDryRunSaysThePrune(t *testing.T) {
+	ctx := context.Background()
+	stale := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "coredns-k8s-event-0123456789", Namespace: "kube-system",
+		Labels: map[string]string{DeploymentLabel: "coredns", "app.kubernetes.io/managed-by": FieldManager}}}
+	c := fake.NewClientset(deployment(), configMap(), stale)
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, DryRun: true, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "delete configmap kube-system/coredns-k8s-event-0123456789") {
+		t.Errorf("the dry run does not say the prune:\n%s", out.String())
+	}
+	out.Reset()
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "delete configmap kube-system/coredns-k8s-event-0123456789") {
+		t.Errorf("the run does not prune:\n%s", out.String())
+	}
+}
+
+// When no container is named coredns and there are several, the error
+// says so and points at --container, which was not given.
+func TestInstallNamesTheContainersWhenNoneIsCoredns(t *testing.T) {
+	d := deployment()
+	d.Spec.Template.Spec.Containers[0].Name = "dns"
+	d.Spec.Template.Spec.Containers = append(d.Spec.Template.Spec.Containers, corev1.Container{Name: "sidecar", Image: "busybox"})
+	c := fake.NewClientset(d, configMap())
+	err := Install(context.Background(), c, Options{Image: image})
+	want := "deployment kube-system/coredns: none of its containers [dns sidecar] is named coredns: name the CoreDNS one with --container"
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v\nwant %s", err, want)
+	}
+	if err := Install(context.Background(), c, Options{Image: image, Container: "dns"}); err != nil {
+		t.Errorf("--container dns: %v", err)
+	}
+	if got := get(t, c).Spec.Template.Spec.Containers; got[0].Image != image || got[1].Image != "busybox" {
+		t.Errorf("images %s, %s", got[0].Image, got[1].Image)
+	}
+}
+
+// A ConfigMap of the name install would write that is not its own, or
+// whose content was edited, is refused: the pods would read it.
+func TestInstallRefusesAConfigMapOfItsNameThatIsNotItsOwn(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	name := get(t, c).Spec.Template.Spec.Volumes[0].ConfigMap.Name
+	if err := Uninstall(ctx, c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	impostor := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"}, Data: map[string]string{"Corefile": ".:53 {\n    whoami\n}\n"}}
+	if _, err := c.CoreV1().ConfigMaps("kube-system").Create(ctx, impostor, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Install(ctx, c, Options{Image: image}); !IsRefused(err) || !strings.Contains(err.Error(), "is not what install would write") {
+		t.Errorf("install: %v", err)
+	}
+}

@@ -1,0 +1,72 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
+)
+
+// hooked runs a function once, the first time a ReplicaSet list is made:
+// the moment an install works out what it may prune.
+type hooked struct {
+	kubernetes.Interface
+	once   *sync.Once
+	onList func()
+}
+
+func (h hooked) AppsV1() appsv1client.AppsV1Interface { return hookedApps{h.Interface.AppsV1(), h} }
+
+type hookedApps struct {
+	appsv1client.AppsV1Interface
+	h hooked
+}
+
+func (a hookedApps) ReplicaSets(ns string) appsv1client.ReplicaSetInterface {
+	return hookedRS{a.AppsV1Interface.ReplicaSets(ns), a.h}
+}
+
+type hookedRS struct {
+	appsv1client.ReplicaSetInterface
+	h hooked
+}
+
+func (r hookedRS) List(ctx context.Context, o metav1.ListOptions) (*appsv1.ReplicaSetList, error) {
+	list, err := r.ReplicaSetInterface.List(ctx, o)
+	r.h.once.Do(r.h.onList)
+	return list, err
+}
+
+// Two installs at once: the second, run while the first works out what
+// to prune, is refused, and the Deployment reads a ConfigMap that is
+// there.
+func TestInstallTwoAtOnceLeaveTheCorefileThere(t *testing.T) {
+	ctx := context.Background()
+	base := fake.NewClientset(deployment(), configMap())
+	var second error
+	var out2 bytes.Buffer
+	c := hooked{Interface: base, once: &sync.Once{}, onList: func() {
+		second = Install(ctx, base, Options{Image: image, Options: []string{"level info warning error"}, Out: &out2})
+	}}
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatalf("first install: %v\n%s", err, out.String())
+	}
+	vol := get(t, base).Spec.Template.Spec.Volumes[0].ConfigMap.Name
+	if _, err := base.CoreV1().ConfigMaps("kube-system").Get(ctx, vol, metav1.GetOptions{}); err != nil {
+		t.Errorf("the Deployment reads configmap %s: %v\nfirst:\n%s\nsecond (%v):\n%s", vol, err, out.String(), second, out2.String())
+	}
+	if second == nil || !strings.Contains(second.Error(), "another kubectl k8s-event run") || !IsRefused(second) {
+		t.Errorf("the second install: %v, want it refused while the first runs", second)
+	}
+	if _, err := base.CoordinationV1().Leases("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{}); err == nil {
+		t.Errorf("the lease is still there after the install")
+	}
+}

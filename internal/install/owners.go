@@ -1,0 +1,100 @@
+package install
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// otherOwners says who else keeps the Deployment as they want it, and so
+// would put back, or conflict with, what an install changes: each reason
+// with the path that fits.
+func otherOwners(d *appsv1.Deployment, t *target) []string {
+	var reasons []string
+	ref := fmt.Sprintf("deployment %s/%s", d.Namespace, d.Name)
+	if d.Labels["addonmanager.kubernetes.io/mode"] == "Reconcile" {
+		reasons = append(reasons, ref+" is an addon in Reconcile mode (label addonmanager.kubernetes.io/mode: Reconcile): the addon manager puts back its manifest within a minute; change the addon's manifest on the control plane, or set the label to EnsureExists first")
+	}
+	if rel := d.Annotations["meta.helm.sh/release-name"]; rel != "" || d.Labels["app.kubernetes.io/managed-by"] == "Helm" {
+		if rel == "" {
+			rel = d.Labels["app.kubernetes.io/instance"]
+		}
+		reasons = append(reasons, fmt.Sprintf("%s belongs to the helm release %q (app.kubernetes.io/managed-by: Helm): the next helm upgrade puts back the chart's image and Corefile, and helm 4, which applies server-side, stops on a conflict; set it in the chart's values instead: image.repository and image.tag, k8s_event in servers[].plugins, the four downward-API variables in env (chart 1.36.0 or later), and an events Role and RoleBinding from outside the chart", ref, rel))
+	}
+	if key := withPrefix(d.ObjectMeta, "argocd.argoproj.io/"); key != "" {
+		reasons = append(reasons, fmt.Sprintf("%s is synced by Argo CD (%s): a sync puts back its image and Corefile; change the Application's source instead, for example with the kustomize component deploy/k8s_event/component", ref, key))
+	}
+	for _, p := range []string{"kustomize.toolkit.fluxcd.io/", "helm.toolkit.fluxcd.io/"} {
+		if key := withPrefix(d.ObjectMeta, p); key != "" {
+			reasons = append(reasons, fmt.Sprintf("%s is reconciled by Flux (%s): the next reconciliation puts back its image and Corefile; change the source Flux applies instead, for example with the kustomize component deploy/k8s_event/component", ref, key))
+		}
+	}
+	if key := withPrefix(d.ObjectMeta, "objectset.rio.cattle.io/"); key != "" {
+		reasons = append(reasons, fmt.Sprintf("%s is applied by the k3s (or RKE2) deploy controller (%s), which puts back its manifest; on k3s, disable the packaged CoreDNS (--disable coredns) and run your own", ref, key))
+	}
+	if t != nil {
+		ctr := d.Spec.Template.Spec.Containers[t.container].Name
+		vol := d.Spec.Template.Spec.Volumes[t.volume].Name
+		for _, m := range d.ManagedFields {
+			if m.Operation != metav1.ManagedFieldsOperationApply || m.Manager == FieldManager || m.FieldsV1 == nil {
+				continue
+			}
+			var owned []string
+			if ownsField(m.FieldsV1.Raw, "f:spec", "f:template", "f:spec", "f:containers", fmt.Sprintf(`k:{"name":%q}`, ctr), "f:image") {
+				owned = append(owned, fmt.Sprintf(".spec.template.spec.containers[name=%q].image", ctr))
+			}
+			if ownsField(m.FieldsV1.Raw, "f:spec", "f:template", "f:spec", "f:volumes", fmt.Sprintf(`k:{"name":%q}`, vol), "f:configMap", "f:name") {
+				owned = append(owned, fmt.Sprintf(".spec.template.spec.volumes[name=%q].configMap.name", vol))
+			}
+			if len(owned) > 0 {
+				reasons = append(reasons, fmt.Sprintf("%s is applied server-side by field manager %q, which owns %s: its next apply conflicts with or puts back what install sets; change it in what %s applies", ref, m.Manager, strings.Join(owned, " and "), m.Manager))
+			}
+		}
+	}
+	return reasons
+}
+
+// withPrefix is the first label or annotation key of m with prefix p.
+func withPrefix(m metav1.ObjectMeta, p string) string {
+	var keys []string
+	for k := range m.Labels {
+		if strings.HasPrefix(k, p) {
+			keys = append(keys, k)
+		}
+	}
+	for k := range m.Annotations {
+		if strings.HasPrefix(k, p) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
+}
+
+// ownsField reports whether the managedFields set raw holds the path.
+func ownsField(raw []byte, path ...string) bool {
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return false
+	}
+	for i, p := range path {
+		next, ok := m[p]
+		if !ok {
+			return false
+		}
+		if i == len(path)-1 {
+			return true
+		}
+		if m, ok = next.(map[string]any); !ok {
+			return false
+		}
+	}
+	return false
+}

@@ -1,0 +1,88 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// The operator's Role and RoleBinding of the names install uses, without
+// its labels, as the kustomize component makes them and more.
+func operatorRBAC() (*rbacv1.Role, *rbacv1.RoleBinding) {
+	meta := metav1.ObjectMeta{Name: "coredns-k8s-event", Namespace: "kube-system"}
+	role := &rbacv1.Role{ObjectMeta: meta, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get"}},
+	}}
+	binding := &rbacv1.RoleBinding{ObjectMeta: meta, RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "coredns-k8s-event"},
+		Subjects: []rbacv1.Subject{
+			{Kind: "ServiceAccount", Name: "coredns", Namespace: "kube-system"},
+			{Kind: "User", Name: "alice"},
+		}}
+	return role, binding
+}
+
+// Install never changes a Role or RoleBinding it did not make: the
+// operator's keep their rules and subjects, and the dry run says so.
+func TestInstallKeepsTheOperatorsRBAC(t *testing.T) {
+	ctx := context.Background()
+	role, binding := operatorRBAC()
+	c := fake.NewClientset(deployment(), configMap(), role, binding)
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, DryRun: true, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); strings.Contains(s, "update role") || strings.Contains(s, "replace rolebinding") {
+		t.Errorf("the dry run would change the operator's RBAC:\n%s", s)
+	}
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	b, _ := c.RbacV1().RoleBindings("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	if len(r.Rules) != 2 || len(b.Subjects) != 2 {
+		t.Errorf("after install the operator's role has %d rules (want 2), its rolebinding %d subjects (want 2)", len(r.Rules), len(b.Subjects))
+	}
+}
+
+// A Role of the name install uses that is not install's and does not let
+// the pods write events is refused, and left as it is.
+func TestInstallRefusesTheOperatorsRoleWithoutEvents(t *testing.T) {
+	ctx := context.Background()
+	role, binding := operatorRBAC()
+	role.Rules = role.Rules[1:]
+	c := fake.NewClientset(deployment(), configMap(), role, binding)
+	err := Install(ctx, c, Options{Image: image})
+	if !IsRefused(err) || !strings.Contains(err.Error(), "does not grant create and patch on events") {
+		t.Fatalf("install: %v, want it refused", err)
+	}
+	if r, _ := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{}); len(r.Rules) != 1 {
+		t.Errorf("the role changed: %+v", r.Rules)
+	}
+	if d := get(t, c); d.Spec.Template.Spec.Containers[0].Image == image {
+		t.Errorf("the Deployment was patched")
+	}
+}
+
+// Uninstall deletes only the Role and RoleBinding install made: those a
+// kustomize component made stay, and k8s_event keeps writing events.
+func TestUninstallKeepsRBACItDidNotMake(t *testing.T) {
+	ctx := context.Background()
+	role, binding := operatorRBAC()
+	c := fake.NewClientset(deployment(), configMap(), role, binding)
+	var out bytes.Buffer
+	if err := Uninstall(ctx, c, Options{Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{}); err != nil {
+		t.Errorf("the operator's role: %v", err)
+	}
+	if _, err := c.RbacV1().RoleBindings("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{}); err != nil {
+		t.Errorf("the operator's rolebinding: %v", err)
+	}
+}

@@ -1,0 +1,139 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// The dry run lists every write the run makes, in order: the ConfigMap,
+// the RBAC, the patch, the strategy put back and the prune; and says the
+// images, the keys and what the rollout does to availability.
+func TestInstallDryRunListsEveryChange(t *testing.T) {
+	ctx := context.Background()
+	stale := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "coredns-k8s-event-0123456789", Namespace: "kube-system",
+		Labels: map[string]string{DeploymentLabel: "coredns", managedByLabel: FieldManager}}}
+	role, _ := rbacFor(deployment(), "coredns")
+	role.Rules[0].Verbs = []string{"create"}
+	cm := configMap()
+	cm.BinaryData = map[string][]byte{"site.bin": {0, 1, 2}}
+	c := fake.NewClientset(chartDefaults(), cm, stale, role)
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+
+	run := func(dry bool) Result {
+		var out bytes.Buffer
+		if err := Install(ctx, c, Options{Image: image, DryRun: dry, Wait: 5 * time.Second, JSON: true, Out: &out}); err != nil {
+			t.Fatalf("install (dry run %v): %v\n%s", dry, err, out.String())
+		}
+		var r Result
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+			t.Fatalf("-o json: %v\n%s", err, out.String())
+		}
+		return r
+	}
+	writes := func(r Result) string {
+		var s []string
+		for _, ch := range r.Changes {
+			s = append(s, fmt.Sprintf("%s %s %s", ch.Action, ch.Kind, ch.Name))
+		}
+		return strings.Join(s, "\n")
+	}
+	dry := run(true)
+	if dry.ImageBefore != "registry.k8s.io/coredns/coredns:v1.13.1" || dry.ImageAfter != image || !strings.Contains(dry.Rollout, "maxUnavailable 0") {
+		t.Errorf("dry run: images %s -> %s, rollout %q", dry.ImageBefore, dry.ImageAfter, dry.Rollout)
+	}
+	if keys := strings.Join(dry.Keys, "\n"); !strings.Contains(keys, "Corefile: the Corefile, with kubeapi and k8s_event") || !strings.Contains(keys, "site.bin: copied from binaryData (3 bytes)") {
+		t.Errorf("dry run keys:\n%s", keys)
+	}
+	real := run(false)
+	if writes(dry) != writes(real) {
+		t.Errorf("the dry run says\n%s\nthe run did\n%s", writes(dry), writes(real))
+	}
+	for _, want := range []string{"create configmap", "update role kube-system/coredns-k8s-event", "create rolebinding", "patch deployment", "delete configmap kube-system/coredns-k8s-event-0123456789"} {
+		if !strings.Contains(writes(dry), want) {
+			t.Errorf("the dry run does not say %q:\n%s", want, writes(dry))
+		}
+	}
+	if r, _ := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{}); !grantsEvents(r.Rules) {
+		t.Errorf("the install's own role was not updated: %+v", r.Rules)
+	}
+}
+
+// status -o json is one document with the state and the problems.
+func TestStatusJSON(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	s, err := Status(ctx, c, Options{Out: &out, JSON: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got StatusReport
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if got.State != StateInstalled || got.Role != "present" || got.RoleBinding != "present" || !equalJSON(got, *s) {
+		t.Errorf("status -o json:\n%s", out.String())
+	}
+	if err := c.CoreV1().ConfigMaps("kube-system").Delete(ctx, got.ConfigMap, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := Status(ctx, c, Options{}); s.Healthy() || !strings.Contains(strings.Join(s.Problems, "\n"), "is missing: new pods cannot start") {
+		t.Errorf("status with the generated ConfigMap gone: %+v", s.Problems)
+	}
+}
+
+// The uninstall's dry run lists the writes the uninstall makes, in order.
+func TestUninstallDryRunListsEveryChange(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(chartDefaults(), configMap())
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	// The ReplicaSet the Deployment controller keeps of the installed
+	// revision: it still reads the generated ConfigMap.
+	d := get(t, c)
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "coredns-1", Namespace: "kube-system",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "coredns", UID: d.UID}}},
+		Spec: appsv1.ReplicaSetSpec{Template: d.Spec.Template}}
+	if _, err := c.AppsV1().ReplicaSets("kube-system").Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(dry bool) string {
+		var out bytes.Buffer
+		if err := Uninstall(ctx, c, Options{DryRun: dry, Wait: 5 * time.Second, JSON: true, Out: &out}); err != nil {
+			t.Fatalf("uninstall (dry run %v): %v\n%s", dry, err, out.String())
+		}
+		var r Result
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		var s []string
+		for _, ch := range r.Changes {
+			s = append(s, fmt.Sprintf("%s %s %s", ch.Action, ch.Kind, ch.Name))
+		}
+		return strings.Join(s, "\n")
+	}
+	dry, real := run(true), run(false)
+	if dry != real {
+		t.Errorf("the dry run says\n%s\nthe run did\n%s", dry, real)
+	}
+	for _, want := range []string{"patch deployment", "delete rolebinding", "delete role"} {
+		if !strings.Contains(dry, want) {
+			t.Errorf("the dry run does not say %q:\n%s", want, dry)
+		}
+	}
+}

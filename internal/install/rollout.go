@@ -1,0 +1,306 @@
+package install
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+)
+
+// safeRollout decides how the rollout keeps the Ready pods the Deployment
+// has: when its own strategy may take them below that count (the helm
+// chart's one replica with maxUnavailable 1, kubeadm's two with 1,
+// Recreate), the rollout runs with a temporary strategy that adds a pod
+// before it takes one away, and the operator's is put back after. It
+// returns that strategy (nil when the operator's is safe) and what the
+// rollout does to availability.
+func safeRollout(d *appsv1.Deployment) (*appsv1.DeploymentStrategy, string) {
+	replicas := ptrOr(d.Spec.Replicas, 1)
+	// Mid-rollout there may be more Ready pods than replicas; the
+	// Deployment keeps no more than its replicas in the end.
+	ready := min(d.Status.ReadyReplicas, replicas)
+	s := d.Spec.Strategy
+	unavailable, surge := int32(0), int32(0)
+	switch s.Type {
+	case appsv1.RecreateDeploymentStrategyType:
+		unavailable = replicas
+	default:
+		mu, ms := intstr.FromString("25%"), intstr.FromString("25%")
+		if s.RollingUpdate != nil && s.RollingUpdate.MaxUnavailable != nil {
+			mu = *s.RollingUpdate.MaxUnavailable
+		}
+		if s.RollingUpdate != nil && s.RollingUpdate.MaxSurge != nil {
+			ms = *s.RollingUpdate.MaxSurge
+		}
+		u, _ := intstr.GetScaledValueFromIntOrPercent(&mu, int(replicas), false)
+		g, _ := intstr.GetScaledValueFromIntOrPercent(&ms, int(replicas), true)
+		unavailable, surge = int32(u), int32(g)
+	}
+	floor := max(replicas-unavailable, 0)
+	if floor >= ready {
+		return nil, fmt.Sprintf("%d Ready of %d replicas; the Deployment's strategy keeps at least %d available: as it is", ready, replicas, floor)
+	}
+	surge = max(surge, 1)
+	tmp := &appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
+		MaxUnavailable: ptrTo(intstr.FromInt32(0)), MaxSurge: ptrTo(intstr.FromInt32(surge)),
+	}}
+	return tmp, fmt.Sprintf("%d Ready of %d replicas; the Deployment's strategy (%s) could leave %d available, so the rollout runs with maxSurge %d, maxUnavailable 0 (no pod goes before its replacement is Ready), and the strategy is put back after", ready, replicas, strategyString(s), floor, surge)
+}
+
+func strategyString(s appsv1.DeploymentStrategy) string {
+	if s.Type == appsv1.RecreateDeploymentStrategyType {
+		return "Recreate"
+	}
+	mu, ms := "25%", "25%"
+	if s.RollingUpdate != nil && s.RollingUpdate.MaxUnavailable != nil {
+		mu = s.RollingUpdate.MaxUnavailable.String()
+	}
+	if s.RollingUpdate != nil && s.RollingUpdate.MaxSurge != nil {
+		ms = s.RollingUpdate.MaxSurge.String()
+	}
+	return fmt.Sprintf("RollingUpdate, maxSurge %s, maxUnavailable %s", ms, mu)
+}
+
+// strategyPatch is the merge patch that sets the strategy to s.
+func strategyPatch(s appsv1.DeploymentStrategy) []byte {
+	m := map[string]any{"type": s.Type}
+	if s.RollingUpdate != nil {
+		m["rollingUpdate"] = s.RollingUpdate
+	} else {
+		m["rollingUpdate"] = nil
+	}
+	if s.Type == "" {
+		m["type"] = nil
+	}
+	b, _ := json.Marshal(map[string]any{"spec": map[string]any{"strategy": m}})
+	return b
+}
+
+// setStrategy puts s back as the Deployment's strategy.
+func setStrategy(ctx context.Context, c kubernetes.Interface, ns, name string, s appsv1.DeploymentStrategy) error {
+	_, err := c.AppsV1().Deployments(ns).Patch(ctx, name, types.MergePatchType, strategyPatch(s), metav1.PatchOptions{FieldManager: FieldManager})
+	return err
+}
+
+// strategyCommand is the command that puts s back.
+func strategyCommand(ns, name string, s appsv1.DeploymentStrategy) string {
+	return fmt.Sprintf("kubectl -n %s patch deployment %s --type=merge -p '%s'", ns, name, strategyPatch(s))
+}
+
+// waitRollout waits, for up to within, until every replica of the
+// Deployment runs its current template and is available. On time out it
+// says why the new pods are not Ready.
+func waitRollout(ctx context.Context, c kubernetes.Interface, ns, name string, within time.Duration) (*appsv1.Deployment, error) {
+	var last *appsv1.Deployment
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
+		d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = d
+		return RolledOut(d), nil
+	})
+	if err == nil {
+		return last, nil
+	}
+	st := ""
+	if last != nil {
+		st = fmt.Sprintf(": %d replicas, %d updated, %d available", last.Status.Replicas, last.Status.UpdatedReplicas, last.Status.AvailableReplicas)
+		if why := podTrouble(context.WithoutCancel(ctx), c, last); len(why) > 0 {
+			st += "; " + strings.Join(why, "; ")
+		}
+	}
+	return last, fmt.Errorf("deployment %s/%s did not roll out within %v%s", ns, name, within, st)
+}
+
+// podTrouble says why the Deployment's pods that are not Ready are not.
+func podTrouble(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) []string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return nil
+	}
+	pods, err := c.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return nil
+	}
+	var why []string
+	for _, p := range pods.Items {
+		if podReady(&p) || p.DeletionTimestamp != nil {
+			continue
+		}
+		var s []string
+		for _, cs := range p.Status.ContainerStatuses {
+			switch {
+			case cs.State.Waiting != nil:
+				s = append(s, fmt.Sprintf("container %s waiting: %s %s", cs.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message))
+			case cs.State.Terminated != nil:
+				s = append(s, fmt.Sprintf("container %s terminated: %s (exit %d)", cs.Name, cs.State.Terminated.Reason, cs.State.Terminated.ExitCode))
+			case !cs.Ready:
+				s = append(s, fmt.Sprintf("container %s running, not ready (restarts %d)", cs.Name, cs.RestartCount))
+			}
+		}
+		evs, err := c.CoreV1().Events(d.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name + ",type=Warning"})
+		if err == nil && len(evs.Items) > 0 {
+			sort.Slice(evs.Items, func(i, j int) bool { return evs.Items[i].LastTimestamp.Before(&evs.Items[j].LastTimestamp) })
+			e := evs.Items[len(evs.Items)-1]
+			s = append(s, fmt.Sprintf("%s: %s", e.Reason, e.Message))
+		}
+		if len(s) == 0 {
+			s = append(s, string(p.Status.Phase))
+		}
+		why = append(why, fmt.Sprintf("pod %s: %s", p.Name, strings.Join(s, ", ")))
+	}
+	return why
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// RolledOut reports whether every replica of d runs its current template
+// and is available, as `kubectl rollout status` tells.
+func RolledOut(d *appsv1.Deployment) bool {
+	want := ptrOr(d.Spec.Replicas, 1)
+	s := d.Status
+	return s.ObservedGeneration >= d.Generation && s.UpdatedReplicas == want && s.Replicas == want && s.AvailableReplicas == want
+}
+
+// putBack patches the Deployment's template back to before's, keeping
+// the strategy it has now, and waits for that rollout.
+func putBack(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, within time.Duration) error {
+	ns, name := before.Namespace, before.Name
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		now, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		want := now.DeepCopy()
+		want.Spec.Template = *before.Spec.Template.DeepCopy()
+		p, err := deploymentPatch(now, want)
+		if err != nil || p == nil {
+			return err
+		}
+		_, err = c.AppsV1().Deployments(ns).Patch(ctx, name, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	_, err = waitRollout(ctx, c, ns, name, within)
+	return err
+}
+
+// releaseFields drops the install's entries from the Deployment's
+// managedFields: what it set stays, owned by nobody, so that whoever
+// applies the Deployment server-side next (helm 4, kubectl apply
+// --server-side) sets those fields without a conflict.
+func releaseFields(ctx context.Context, c kubernetes.Interface, ns, name string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var keep []metav1.ManagedFieldsEntry
+		for _, m := range d.ManagedFields {
+			if m.Manager != FieldManager {
+				keep = append(keep, m)
+			}
+		}
+		// An empty list would not be taken as one: the fields stay the
+		// install's, with no other manager to conflict with.
+		if len(keep) == len(d.ManagedFields) || len(keep) == 0 {
+			return nil
+		}
+		body, err := json.Marshal(map[string]any{"metadata": map[string]any{"managedFields": keep, "resourceVersion": d.ResourceVersion}})
+		if err != nil {
+			return err
+		}
+		_, err = c.AppsV1().Deployments(ns).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
+		return err
+	})
+}
+
+// unusedConfigMaps are the Corefile ConfigMaps made for the Deployment
+// that neither it nor any of its ReplicaSets refers to, besides keep:
+// `kubectl rollout undo` to any revision kept finds the Corefile that
+// revision reads.
+func unusedConfigMaps(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, keep string) ([]string, error) {
+	ns := d.Namespace
+	cms, err := c.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: DeploymentLabel + "=" + d.Name})
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{keep: true}
+	refs := func(spec *corev1.PodSpec) {
+		for _, v := range spec.Volumes {
+			if v.ConfigMap != nil {
+				used[v.ConfigMap.Name] = true
+			}
+			if v.Projected != nil {
+				for _, s := range v.Projected.Sources {
+					if s.ConfigMap != nil {
+						used[s.ConfigMap.Name] = true
+					}
+				}
+			}
+		}
+	}
+	refs(&d.Spec.Template.Spec)
+	rss, err := c.AppsV1().ReplicaSets(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for _, rs := range rss.Items {
+		for _, ref := range rs.OwnerReferences {
+			if ref.UID == d.UID {
+				refs(&rs.Spec.Template.Spec)
+			}
+		}
+	}
+	var out []string
+	for _, cm := range cms.Items {
+		if !used[cm.Name] && ours(cm.ObjectMeta, d.Name) {
+			out = append(out, cm.Name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// prune deletes the Corefile ConfigMaps nothing reads any more.
+func (r *run) prune(ctx context.Context, c kubernetes.Interface, ns, name, keep string) error {
+	d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	unused, err := unusedConfigMaps(ctx, c, d, keep)
+	if err != nil {
+		return err
+	}
+	for _, cm := range unused {
+		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, Detail: "no revision of deployment " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
+		if err := c.CoreV1().ConfigMaps(ns).Delete(ctx, cm, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}

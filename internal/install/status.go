@@ -1,0 +1,190 @@
+package install
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// States of StatusReport.
+const (
+	StateInstalled    = "installed"
+	StateNotInstalled = "not installed"
+	StatePartlyUndone = "partly undone"
+	StateOther        = "installed by other means"
+)
+
+// StatusReport is what status finds: with Options.JSON it is written to
+// Out as one JSON document.
+type StatusReport struct {
+	Deployment string `json:"deployment"`
+	// State is one of installed, not installed, partly undone, or
+	// installed by other means.
+	State     string   `json:"state"`
+	Image     string   `json:"image"`
+	ConfigMap string   `json:"configMap"`
+	Key       string   `json:"key"`
+	Variables []string `json:"variables"`
+	// BeforeImage and BeforeConfigMap are what the install replaced.
+	BeforeImage     string `json:"beforeImage,omitempty"`
+	BeforeConfigMap string `json:"beforeConfigMap,omitempty"`
+	ServiceAccount  string `json:"serviceAccount"`
+	// Role and RoleBinding are present, absent, or "not this tool's".
+	Role        string `json:"role"`
+	RoleBinding string `json:"roleBinding"`
+	Replicas    int32  `json:"replicas"`
+	Ready       int32  `json:"ready"`
+	Available   int32  `json:"available"`
+	RolledOut   bool   `json:"rolledOut"`
+	// Problems are what keeps k8s_event from working as installed, each
+	// with what to do.
+	Problems []string `json:"problems,omitempty"`
+	// Owners are the others that keep the Deployment as they want it.
+	Owners []string `json:"owners,omitempty"`
+}
+
+// Healthy reports whether k8s_event is installed and nothing is wrong.
+func (s *StatusReport) Healthy() bool {
+	return s.State == StateInstalled && len(s.Problems) == 0
+}
+
+// Status describes whether the Deployment that o names has k8s_event, and
+// what keeps it from working.
+func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusReport, error) {
+	d, err := findDeployment(ctx, c, &o)
+	if err != nil {
+		return nil, err
+	}
+	t, err := inspect(d, &o)
+	if err != nil {
+		return nil, err
+	}
+	ns := d.Namespace
+	spec := &d.Spec.Template.Spec
+	ctr := spec.Containers[t.container]
+	s := &StatusReport{
+		Deployment: ns + "/" + d.Name, State: StateNotInstalled, Image: ctr.Image,
+		ConfigMap: spec.Volumes[t.volume].ConfigMap.Name, Key: t.key, Variables: []string{},
+		Replicas: ptrOr(d.Spec.Replicas, 1), Ready: d.Status.ReadyReplicas, Available: d.Status.AvailableReplicas, RolledOut: RolledOut(d),
+		Owners: otherOwners(d, t),
+	}
+	s.ServiceAccount = spec.ServiceAccountName
+	if s.ServiceAccount == "" {
+		s.ServiceAccount = "default"
+	}
+	for _, e := range ctr.Env {
+		if isOurEnv(e.Name) {
+			s.Variables = append(s.Variables, e.Name)
+		}
+	}
+	problem := func(format string, args ...any) { s.Problems = append(s.Problems, fmt.Sprintf(format, args...)) }
+	read, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.ConfigMap, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		problem("configmap %s, which the pods read, is missing: new pods cannot start; run install again (or uninstall)", s.ConfigMap)
+	case err != nil:
+		return nil, err
+	}
+	switch {
+	case t.rec != nil:
+		s.State = StateInstalled
+		s.BeforeImage, s.BeforeConfigMap = t.rec.Original.Image, t.rec.Original.Volume.ConfigMap.Name
+		if ctr.Image != t.rec.Image || s.ConfigMap != t.rec.ConfigMap {
+			s.State = StatePartlyUndone
+			problem("the image or the configmap is no longer what install set (image %s, configmap %s): run install again, or uninstall", t.rec.Image, t.rec.ConfigMap)
+		}
+		if t.rec.Source != "" {
+			src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.BeforeConfigMap, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				problem("configmap %s, the Corefile install started from, is gone: uninstall would point the pods at it", s.BeforeConfigMap)
+			case err != nil:
+				return nil, err
+			case contentHash(src.Data, src.BinaryData) != t.rec.Source:
+				what := "its content"
+				if _, ok := src.Data["NodeHosts"]; ok {
+					what = "its content (k3s rewrites NodeHosts as nodes come and go)"
+				}
+				problem("configmap %s changed since the install (%s): the pods read the copy made then; run install again to roll them to it", s.BeforeConfigMap, what)
+			}
+		}
+	case read != nil && t.key != "" && HasPlugins(read.Data[t.key]):
+		s.State = StateOther
+	}
+	name := d.Name + "-k8s-event"
+	s.Role, s.RoleBinding = "absent", "absent"
+	role, err := c.RbacV1().Roles(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		s.Role = "present"
+		if !ours(role.ObjectMeta, d.Name) {
+			s.Role = "not this tool's"
+		}
+	case !apierrors.IsNotFound(err):
+		return nil, err
+	}
+	binding, err := c.RbacV1().RoleBindings(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		s.RoleBinding = "present"
+		if !ours(binding.ObjectMeta, d.Name) {
+			s.RoleBinding = "not this tool's"
+		}
+	case !apierrors.IsNotFound(err):
+		return nil, err
+	}
+	if s.State == StateInstalled || s.State == StatePartlyUndone {
+		switch {
+		case role == nil || s.Role == "absent":
+			problem("role %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
+		case !grantsEvents(role.Rules):
+			problem("role %s/%s does not grant create and patch on events: k8s_event gets 403; run install again", ns, name)
+		}
+		switch {
+		case binding == nil || s.RoleBinding == "absent":
+			problem("rolebinding %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
+		case !bindsServiceAccount(binding, ns, s.ServiceAccount):
+			problem("rolebinding %s/%s binds %s, but the pods run as serviceaccount %s/%s: k8s_event gets 403 on events; run install again", ns, name, subjectsString(binding.Subjects), ns, s.ServiceAccount)
+		}
+	}
+	if why := podTrouble(ctx, c, d); len(why) > 0 {
+		problem("pods not Ready: %s", strings.Join(why, "; "))
+	}
+	if o.Out != nil {
+		if o.JSON {
+			b, _ := json.MarshalIndent(s, "", "  ")
+			fmt.Fprintf(o.Out, "%s\n", b)
+		} else {
+			s.print(&o)
+		}
+	}
+	return s, nil
+}
+
+func (s *StatusReport) print(o *Options) {
+	p := func(format string, args ...any) { fmt.Fprintf(o.Out, format, args...) }
+	p("deployment %s: k8s_event %s\n", s.Deployment, s.State)
+	p("  image %s\n", s.Image)
+	p("  Corefile: configmap %s, key %s\n", s.ConfigMap, s.Key)
+	p("  downward-API variables: %s\n", strings.Join(s.Variables, " "))
+	if s.BeforeImage != "" {
+		p("  before the install: image %s, configmap %s\n", s.BeforeImage, s.BeforeConfigMap)
+	}
+	p("  serviceaccount %s; role %s; rolebinding %s\n", s.ServiceAccount, s.Role, s.RoleBinding)
+	rolled := "rolling out"
+	if s.RolledOut {
+		rolled = "rolled out"
+	}
+	p("  replicas: %d ready, %d available of %d, %s\n", s.Ready, s.Available, s.Replicas, rolled)
+	for _, w := range s.Owners {
+		p("  managed elsewhere: %s\n", w)
+	}
+	for _, w := range s.Problems {
+		p("  problem: %s\n", w)
+	}
+}
