@@ -89,6 +89,7 @@ test-newest:
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	cp go.mod "$$tmp/go.mod"; cp go.sum "$$tmp/go.sum"; \
 	$(GO) get -modfile="$$tmp/go.mod" github.com/coredns/coredns@$$(hack/coredns.sh default); \
+	$(GO) mod tidy -modfile="$$tmp/go.mod"; \
 	$(GO) list -modfile="$$tmp/go.mod" -m github.com/coredns/coredns k8s.io/client-go; \
 	$(GO) vet -modfile="$$tmp/go.mod" . && $(GO) test -modfile="$$tmp/go.mod" -race -count=1 .
 
