@@ -1,6 +1,6 @@
-# The one test command is `make test`: it builds the pinned Kubernetes
-# binaries (cached outside the repository), runs the unit tests with the
-# race detector, then the end-to-end tests against a real kube-apiserver.
+# The one test command is `make test`: it runs the unit tests with the race
+# detector, then builds the pinned Kubernetes binaries (cached outside the
+# repository) and runs the end-to-end tests against a real kube-apiserver.
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -40,7 +40,9 @@ NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 
 # with_tools runs its argument with KUBE_APISERVER, ETCD and KUBECTL set (and
 # the node's binaries when NODE is set), building them first when missing.
+# with_demo_tools builds and sets only what the demo runs.
 with_tools = tools_env=$$(hack/tools.sh env $(NODE)); set -a; eval "$$tools_env"; set +a;
+with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(NODE)); set -a; eval "$$tools_env"; set +a;
 
 .PHONY: all build build-check image release tools test test-unit test-newest test-floor test-faults test-e2e demo bench fuzz mutate mutate-contract clean
 
@@ -78,7 +80,9 @@ release: image
 tools:
 	hack/tools.sh install
 
-test: tools test-unit test-faults test-newest test-floor build-check test-e2e
+# The unit tests come first: they need no tool, and a clone runs them
+# before the tools' first build.
+test: test-unit tools test-faults test-newest test-floor build-check test-e2e
 
 # The plugin's go.mod requires the oldest CoreDNS it supports (the floor):
 # test-unit runs its tests there. test-newest runs the plugin's tests
@@ -122,11 +126,13 @@ test-e2e: image
 # demo runs a local Kubernetes and CoreDNS that reports its log lines as
 # events: with NODE, CoreDNS runs as the cluster's DNS from its image,
 # through deploy/k8s_event; elsewhere as a process beside the control
-# plane. Ctrl-C stops everything it started.
-demo: image
+# plane. Ctrl-C stops everything it started. It builds only what it runs:
+# the image for this machine's architecture, and only with NODE.
+demo: PLATFORMS = linux/$(shell $(GO) env GOARCH)
+demo: $(if $(NODE),image)
 	$(GO) build -o bin/coredns-e2e ./test/cmd/coredns
 	$(GO) build -o bin/demo ./cmd/demo
-	$(with_tools) exec bin/demo -coredns bin/coredns-e2e -image $(IMAGE_ARCHIVE) -image-ref "$$(cat $(IMAGE_REF_FILE))"
+	$(with_demo_tools) exec bin/demo -coredns bin/coredns-e2e $(if $(NODE),-image $(IMAGE_ARCHIVE) -image-ref "$$(cat $(IMAGE_REF_FILE))")
 
 # bench runs the listener micro-benchmarks, then test/bench: CoreDNS with and
 # without k8s_event against a local control plane, driven by dnsperf. It
@@ -150,8 +156,8 @@ fuzz:
 # mutate runs a mutation tester over the root package: each mutant is a
 # small change of the code that the unit tests must catch. Not part of
 # `make test`: it takes a while. MUTATE_EXCLUDE narrows it; `make
-# mutate-contract` runs it over the files that keep the accounting contract
-# (account, correlator, ratelimit, pipeline, writer, end, k8s_event).
+# mutate-contract` runs it over the scheduler and the files whose state it
+# owns (scheduler, ratelimit, correlator, end, pod, account).
 GREMLINS_VERSION ?= v0.6.0
 MUTATE_EXCLUDE ?= $$^
 mutate:
@@ -161,7 +167,7 @@ mutate:
 		--output bin/mutate.json . | tee bin/mutate.txt
 
 mutate-contract:
-	$(MAKE) mutate MUTATE_EXCLUDE='(^|/)(shape|setup|metrics|event|hook|format)\.go$$$$'
+	$(MAKE) mutate MUTATE_EXCLUDE='(^|/)(shape|setup|metrics|event|hook|format|writer|pipeline|k8s_event)\.go$$$$'
 
 clean:
 	rm -rf bin dist

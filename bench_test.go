@@ -15,7 +15,7 @@ import (
 )
 
 // The listener runs inside DNS queries: these benchmarks give its cost per
-// log line, with the correlator and the writers running, as in CoreDNS. They
+// log line, with the scheduler and the writers running, as in CoreDNS. They
 // call it through the log.Listener interface with the arguments in a slice,
 // as CoreDNS's plugin loggers do.
 //
@@ -30,14 +30,14 @@ func startedPipeline(b *testing.B, cfg config) *pipeline {
 }
 
 // pace yields until the queue is at most half full. The benchmark loops
-// never block, and with as many of them as there are CPUs the correlator
+// never block, and with as many of them as there are CPUs the scheduler
 // would run only when the scheduler preempts one: the queue would stay full
 // and the benchmark would time the drop path. A DNS server's goroutines wait
 // on the network; pacing stands for that, and charges the correlator's work
 // to the lines it takes: ns/op is then the cost of a line at the highest
 // rate the pipeline sustains.
 func pace(p *pipeline) {
-	for len(p.lines) > queueSize/2 {
+	for len(p.listener.lines) > queueSize/2 {
 		runtime.Gosched()
 	}
 }
@@ -48,7 +48,7 @@ func pace(p *pipeline) {
 // taken ones and flatter ns/op), and how often a writer found the bucket
 // empty (throttled/op: near 0 when writers do not wake for every line).
 func settle(b *testing.B, p *pipeline, droppedBefore, throttledBefore float64) {
-	for len(p.lines) > 0 {
+	for len(p.listener.lines) > 0 {
 		runtime.Gosched()
 	}
 	b.StopTimer()
@@ -67,7 +67,7 @@ var goroutineIDs atomic.Int64
 // does not take: what every query pays when a plugin logs at that level.
 func BenchmarkListenerDisabledLevel(b *testing.B) {
 	p, _, _ := newTestPipeline(b, testConfig(levelsOf(levelError), 1, 25, 4096))
-	var l clog.Listener = p
+	var l clog.Listener = p.listener
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -77,7 +77,7 @@ func BenchmarkListenerDisabledLevel(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	if n := len(p.lines); n != 0 {
+	if n := len(p.listener.lines); n != 0 {
 		b.Fatalf("expected no line queued, got %d", n)
 	}
 }
@@ -86,7 +86,7 @@ func BenchmarkListenerDisabledLevel(b *testing.B) {
 // the query name or the upstream's error in its message does.
 func BenchmarkListenerNewLines(b *testing.B) {
 	p := startedPipeline(b, testConfig(levelsOf(levelError), 1, 25, 4096))
-	var l clog.Listener = p
+	var l clog.Listener = p.listener
 	dropped := testutil.ToFloat64(droppedTotal[dropQueueFull])
 	throttled := testutil.ToFloat64(throttledTotal.WithLabelValues(levelError.reason()))
 	b.ReportAllocs()
@@ -109,10 +109,7 @@ func BenchmarkListenerNewLines(b *testing.B) {
 func BenchmarkListenerThrottled(b *testing.B) {
 	cfg := testConfig(levelsOf(levelError), 1, 25, 4096)
 	p := startedPipeline(b, cfg)
-	if !p.buckets[levelError].AllowN(p.clock.Now(), cfg.burst) {
-		b.Fatal("expected a full bucket to start with")
-	}
-	var l clog.Listener = p
+	var l clog.Listener = p.listener
 	dropped := testutil.ToFloat64(droppedTotal[dropQueueFull])
 	throttled := testutil.ToFloat64(throttledTotal.WithLabelValues(levelError.reason()))
 	b.ReportAllocs()
@@ -151,7 +148,7 @@ func BenchmarkBaseline(b *testing.B) {
 		})
 		b.Run(lines.name+"/logger+k8s_event", func(b *testing.B) {
 			p := startedPipeline(b, testConfig(levelsOf(levelError, levelWarning), defaultQPS, defaultBurst, defaultCacheSize))
-			if err := clog.RegisterListener(p); err != nil {
+			if err := clog.RegisterListener(p.listener); err != nil {
 				b.Fatal(err)
 			}
 			dropped := testutil.ToFloat64(droppedTotal[dropQueueFull])
@@ -175,7 +172,8 @@ func BenchmarkBaseline(b *testing.B) {
 func BenchmarkCacheBytesPerEvent(b *testing.B) {
 	const n = defaultCacheSize
 	for range b.N {
-		p, _, clk := newTestPipeline(b, testConfig(levelsOf(levelError), defaultQPS, defaultBurst, n))
+		h := newHarness(b, testConfig(levelsOf(levelError), defaultQPS, defaultBurst, n))
+		clk := h.clk
 		lines := make([]line, n)
 		for i := range lines {
 			plugin := fmt.Sprintf("plugin/p%d: ", i) // one plugin each: no combining
@@ -187,12 +185,12 @@ func BenchmarkCacheBytesPerEvent(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		for _, ln := range lines {
 			ln.text = strings.Clone(ln.text) // the listener's allocation, which the event keeps
-			p.observe(ln)
+			h.observe(ln)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/event")
 		b.ReportMetric(float64(len(lines[0].text)), "B/line")
-		runtime.KeepAlive(p)
+		runtime.KeepAlive(h)
 	}
 }

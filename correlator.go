@@ -3,6 +3,8 @@ package k8s_event
 import (
 	"strings"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 const (
@@ -30,30 +32,38 @@ type eventKey struct {
 
 func (k eventKey) combined() bool { return k.message == "" }
 
-// entry is what the correlator knows of one event. Its fields are guarded
-// by the pipeline's mutex.
+// entry is what the scheduler knows of one event. Entries belong to the
+// scheduler's goroutine: writers get a request made from one, never the
+// entry itself.
 type entry struct {
 	key eventKey
 	tally
 	message     string // latest line; a combined event adds combinedPrefix when written
 	first, last time.Time
+	seq         uint64 // of its latest line: the least recently seen goes first
 
-	name  string // the Event object's name once created
-	tried string // the name of a create that reached the API and got no answer
+	name       string // the Event object's name once created
+	tried      string // the name of a create that reached the API and got no answer
+	triedCount int64  // the lines that create carried, from the event's first
 
 	// doubt is the count of the latest write that reached the API and got
 	// no answer; zero once a later answer settled it.
 	doubt    int64
 	failures int       // consecutive failed writes, for the backoff
-	retryAt  time.Time // no attempt before this, but at shutdown
+	retryAt  time.Time // no attempt before this: a backoff, a pause after a refusal
 	asked    time.Time // no attempt before this, even at shutdown: the latest Retry-After
 
 	// base is the lines carried by earlier objects of this event, each
 	// full at a count of 2^31-1: the count of the current one is seen-base.
 	base int64
+	// storm is the lines of the event before its current storm began, and
+	// stormWritten tells that a write of the current storm landed: an end
+	// speaks of seen-storm lines, and only of a storm the API has seen.
+	storm        int64
+	stormWritten bool
 
-	queued   bool // handed to the work queue, due now or later
-	inflight bool
+	inflight uint64 // the request in flight for it, 0 when none
+	deferred bool   // found its bucket empty since its latest request
 	evicted  bool
 
 	end *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
@@ -75,7 +85,7 @@ type window struct {
 }
 
 // combinedShape is the shape whose combined event a line joins: its own,
-// or otherShapes once the window has maxShapes. Called with p.mu held.
+// or otherShapes once the window has maxShapes.
 func (w *window) combinedShape(message string) uint64 {
 	shape := shapeHash(message)
 	if _, ok := w.shapes[shape]; ok {
@@ -91,48 +101,41 @@ func (w *window) combinedShape(message string) uint64 {
 	return shape
 }
 
-func (p *pipeline) correlate() {
-	defer close(p.correlatorDone)
-	var last time.Time
-	for ln := range p.lines {
-		p.observe(ln)
-		for len(p.lines) > 0 {
-			p.observe(<-p.lines)
-		}
-		// Lines that come more often than stormGap are taken in batches:
-		// a correlator parked on an empty queue costs the listener a
-		// wake-up of another thread per line, one asleep for batchPause
-		// costs one per batch. Real time: this is about threads, not
-		// about what the lines say.
-		now := time.Now()
-		if now.Sub(last) < stormGap {
-			time.Sleep(batchPause)
-		}
-		last = now
-	}
+// correlator folds lines into entries: repeats counted, storms combined by
+// shape, the least recently seen evicted beyond the cache size. Owned by
+// the scheduler's goroutine.
+type correlator struct {
+	cache   *simplelru.LRU[eventKey, *entry]
+	windows map[windowKey]*window
+	seq     uint64
 }
 
-// observe folds one line into its entry and, unless it is queued already,
-// queues the entry for writing.
-func (p *pipeline) observe(ln line) {
+// newCorrelator keeps size entries; evicted is told of each that leaves.
+func newCorrelator(size int, evicted func(*entry)) *correlator {
+	cache, _ := simplelru.NewLRU(size, func(_ eventKey, e *entry) { evicted(e) })
+	return &correlator{cache: cache, windows: map[windowKey]*window{}}
+}
+
+// observe folds one line into its entry and returns the entry.
+func (c *correlator) observe(ln line) *entry {
 	msg := eventMessage(ln.text)
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
-
-	p.mu.Lock()
-	e, ok := p.cache.Get(key)
+	e, ok := c.cache.Get(key)
 	if !ok {
-		if w := p.window(ln); w.distinct > combineAfter {
+		if w := c.window(ln); w.distinct > combineAfter {
 			aggregated[ln.level].Inc()
 			// The window is of one plugin: its prefix is no part of the shape.
 			key.message, key.shape = "", w.combinedShape(strings.TrimPrefix(msg, ln.plugin))
-			e, ok = p.cache.Get(key)
+			e, ok = c.cache.Get(key)
 		}
 	}
 	if !ok {
 		e = &entry{key: key, first: ln.at}
-		p.cache.Add(key, e)
+		c.cache.Add(key, e)
 	}
 	e.see()
+	c.seq++
+	e.seq = c.seq
 	e.message = msg
 	if e.first.IsZero() { // a storm that came back after its end
 		e.first = ln.at
@@ -140,32 +143,22 @@ func (p *pipeline) observe(ln line) {
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
-	if ln.at.After(p.observed) {
-		p.observed = ln.at
-	}
-	add := !e.queued
-	e.queued = true
-	p.mu.Unlock()
-
-	if add {
-		p.queue.Add(e)
-	}
+	return e
 }
 
 // combinedPrefix marks the message of a combined event, as client-go does.
 const combinedPrefix = "(combined from similar events): "
 
 // window counts a new distinct line in the window of its plugin and level.
-// Called with p.mu held.
-func (p *pipeline) window(ln line) *window {
+func (c *correlator) window(ln line) *window {
 	wk := windowKey{ln.level, ln.plugin}
-	w, ok := p.windows[wk]
+	w, ok := c.windows[wk]
 	if !ok {
-		if len(p.windows) >= maxWindows {
-			clear(p.windows)
+		if len(c.windows) >= maxWindows {
+			clear(c.windows)
 		}
 		w = &window{last: ln.at}
-		p.windows[wk] = w
+		c.windows[wk] = w
 	}
 	if ln.at.Sub(w.last) > combineWindow {
 		w.distinct, w.shapes = 0, nil
@@ -177,36 +170,7 @@ func (p *pipeline) window(ln line) *window {
 	return w
 }
 
-// evicted is the LRU's eviction callback, called with p.mu held.
-func (p *pipeline) evicted(_ eventKey, e *entry) {
-	e.evicted = true
-	p.retire(e)
-}
+// resize keeps at most size entries, evicting the least recently seen.
+func (c *correlator) resize(size int) { c.cache.Resize(size) }
 
-// retire decides the fate of an evicted entry once no write of it is in
-// flight: its pending lines are dropped, unless its latest write got no
-// answer; then it stays, for as long as there is room, until one more
-// write settles what the API holds. Called with p.mu held.
-func (p *pipeline) retire(e *entry) {
-	if !e.evicted || e.inflight {
-		return
-	}
-	if e.doubt > 0 && e.pending() > 0 {
-		// A reload that shrank the cache left an entry in flight settling
-		// beyond the new size: it goes once its write is back.
-		if _, ok := p.settling[e]; ok && len(p.settling) <= p.cacheSize || !ok && len(p.settling) < p.cacheSize {
-			p.settling[e] = struct{}{}
-			return
-		}
-	}
-	delete(p.settling, e)
-	p.drop(e, dropEvicted)
-}
-
-// drop gives up the pending lines of e. Called with p.mu held.
-func (p *pipeline) drop(e *entry, reason dropReason) {
-	if e.doubt > 0 && e.pending() > 0 {
-		p.doubtful += min(e.doubt-e.carried, e.pending())
-	}
-	e.tally.drop(reason)
-}
+func (c *correlator) len() int { return c.cache.Len() }

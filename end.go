@@ -1,19 +1,15 @@
 package k8s_event
 
 import (
-	"cmp"
-	"context"
-	"slices"
-	"strings"
 	"time"
 )
 
 // The end of a storm. A storm's entry (isStorm) whose lines are all written
-// waits, as a delayed item of the work queue, until it has had no new line
-// for quiet; the writer that takes it then decides the end: it hands a new
-// entry, the end, to the queue, and starts the storm's entry afresh, so
-// that its next line is a new storm, created as a new object, with its own
-// end. Nothing of this runs on the DNS path.
+// is watched by the scheduler until it has had no new line for quiet; then
+// the scheduler decides the end: a new entry, the end, joins the ends to
+// write, and the storm's entry starts afresh, so that its next line is a
+// new storm, created as a new object, with its own end. Nothing of this
+// runs on the DNS path.
 //
 // An end carries no lines: its tally stays empty, so it never enters the
 // accounting of lines. It is written once, from its own bucket, endBucket;
@@ -31,126 +27,76 @@ const (
 	numBuckets = numLevels + 1
 )
 
-// watchQuiet tells how long until e, a written entry with nothing pending,
-// has been quiet for p.quiet; 0 when there is nothing to wait for. If that
-// time is up, it ends the storm and returns its end, for the caller to
-// queue once it released p.mu. Called with p.mu held, by the one writer
-// that holds e.
-func (p *pipeline) watchQuiet(e *entry, now time.Time) (time.Duration, *entry) {
-	if p.quiet <= 0 || e.end != nil || e.evicted || e.inflight || e.pending() > 0 || e.dropped > 0 || e.name == "" {
-		return 0, nil
-	}
-	count := e.seen - e.base
-	if !isStorm(e.key, count) {
-		return 0, nil
-	}
-	// A line logged just before the quiet was up may still be on its way:
-	// in the listener between its time stamp and the hand-off, on the
-	// hand-off queue, or in the correlator. The end waits handOffGrace
-	// more for it, and longer while the correlator is behind.
-	due := e.last.Add(p.quiet)
-	if wait := due.Add(handOffGrace).Sub(now); wait > 0 {
-		return wait, nil
-	}
-	if len(p.lines) > 0 && p.observed.Before(due) {
-		return handOffWait, nil
-	}
-	var end *entry
-	if len(p.ends) < p.cacheSize {
-		end = &entry{key: e.key, queued: true, end: &endSpec{
-			message: endMessage(e.key.plugin, e.message, count, e.first, e.last),
-			at:      now,
-		}}
-		p.ends[end] = struct{}{}
-	}
-	// The storm is over: its next line starts a new object and a new count.
-	e.base, e.name, e.first = e.seen, "", time.Time{}
-	return 0, end
-}
-
 const (
 	// handOffGrace is how long after its quiet a storm's end waits for a
-	// line logged before then that is still on its way to the correlator:
+	// line logged before then that is still on its way to the scheduler:
 	// far more than the microseconds that takes, short against any quiet.
 	handOffGrace = 250 * time.Millisecond
-	// handOffWait is how often an end looks again while the correlator is
-	// behind; it takes the hand-off queue in batches of at most batchPause.
-	handOffWait = 10 * batchPause
+	// handOffWait is how often an end looks again while lines wait in the
+	// hand-off queue.
+	handOffWait = 10 * time.Millisecond
 )
 
-// trimEnds applies quiet and the cache size to the ends not written yet: a
-// reload to quiet off says no more ends, one that shrinks the cache keeps
-// the oldest CACHESIZE. An end whose write is in flight is left to it.
-// Called with p.mu held.
-func (p *pipeline) trimEnds() {
-	keep := p.cacheSize
-	if p.quiet <= 0 {
-		keep = 0
+// quietAt is when the storm of e, all written, may be said to have ended;
+// false when e is no storm waiting for its quiet.
+func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
+	if quiet <= 0 || e.end != nil || e.evicted || e.inflight != 0 || e.pending() > 0 || e.dropped > 0 || !e.stormWritten {
+		return time.Time{}, false
 	}
-	if len(p.ends) <= keep {
+	if !isStorm(e.key, e.seen-e.storm) {
+		return time.Time{}, false
+	}
+	return e.last.Add(quiet + handOffGrace), true
+}
+
+// endOf makes the end of e's storm, decided at now, and starts the storm
+// afresh: its next line starts a new object and a new count.
+func endOf(e *entry, now time.Time) *entry {
+	end := &entry{key: e.key, end: &endSpec{
+		message: endMessage(e.key.plugin, e.message, e.seen-e.storm, e.first, e.last),
+		at:      now,
+	}}
+	e.storm, e.stormWritten, e.first = e.seen, false, time.Time{}
+	e.base, e.name = e.seen, ""
+	return end
+}
+
+// ends are the ends decided and not yet written, oldest first. Owned by
+// the scheduler's goroutine.
+type ends struct {
+	list []*entry
+}
+
+// add keeps end unless limit ends wait already: a storm that ends beyond
+// that starts afresh without one.
+func (q *ends) add(end *entry, limit int) {
+	if len(q.list) < limit {
+		q.list = append(q.list, end)
+	}
+}
+
+// remove forgets end: written, or given up.
+func (q *ends) remove(end *entry) {
+	for i, e := range q.list {
+		if e == end {
+			q.list = append(q.list[:i], q.list[i+1:]...)
+			return
+		}
+	}
+}
+
+// trim keeps the oldest limit ends; one whose write is in flight is left
+// to it.
+func (q *ends) trim(limit int) {
+	if len(q.list) <= limit {
 		return
 	}
-	for i, e := range p.endEntries() {
-		if i >= keep && !e.inflight {
-			delete(p.ends, e)
+	kept := q.list[:0]
+	for i, e := range q.list {
+		if i < limit || e.inflight != 0 {
+			kept = append(kept, e)
 		}
 	}
-}
-
-// endEntries lists the ends not written yet, oldest first. Called with
-// p.mu held.
-func (p *pipeline) endEntries() []*entry {
-	out := make([]*entry, 0, len(p.ends))
-	for e := range p.ends {
-		out = append(out, e)
-	}
-	slices.SortFunc(out, func(a, b *entry) int {
-		return cmp.Or(a.end.at.Compare(b.end.at), strings.Compare(a.end.message, b.end.message))
-	})
-	return out
-}
-
-// attemptEnd makes one write of an end event if its bucket has a token,
-// like attempt does for lines. Called with p.mu held; it releases it
-// during the request.
-func (p *pipeline) attemptEnd(ctx context.Context, e *entry) (attemptResult, time.Duration, error) {
-	if _, ok := p.ends[e]; !ok {
-		return attemptNone, 0, nil
-	}
-	l := e.key.level
-	spec := writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at, last: e.end.at, tried: e.tried, end: true}
-	res, now, wait, ok := p.request(ctx, e, endBucket, spec)
-	if !ok {
-		throttledEnd[l].Inc()
-		return p.noToken(endBucket), wait, nil
-	}
-	// A reload during the request may have turned quiet off or shrunk the
-	// cache: an end still to write is held to them once it is back.
-	defer p.trimEnds()
-	if res.lookup {
-		return afterLookup(e, res, now)
-	}
-	switch res.outcome {
-	case writeOK, writeExists: // written, or found written by an earlier try
-		delete(p.ends, e)
-		e.name, e.tried = res.name, ""
-		eventWrites.WithLabelValues(endReason(l), res.verb).Inc()
-		ended[l].Inc()
-		return attemptWrote, 0, nil
-	case writeNameTaken:
-		e.tried = ""
-		return attemptRedo, 0, nil
-	case writeRefused: // said once in the log; the end is given up
-		delete(p.ends, e)
-		return attemptRefused, 0, res.err
-	default:
-		e.asked = now.Add(res.retryAfter)
-		if res.unsure {
-			e.tried = res.name // it may have been applied: retry under the same name
-		}
-		e.failures++
-		d := p.backoffFor(e.failures, res.retryAfter)
-		e.retryAt = now.Add(d)
-		return attemptFailed, d, res.err
-	}
+	clear(q.list[len(kept):])
+	q.list = kept
 }

@@ -2,36 +2,27 @@ package k8s_event
 
 import (
 	"fmt"
+	"math"
+	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
-// quietConfig is testConfig with the given quiet.
-func quietConfig(qps float64, burst int, quiet time.Duration) config {
+// withQuiet is testConfig with every level and the given quiet.
+func withQuiet(qps float64, burst int, quiet time.Duration) config {
 	c := testConfig(all, qps, burst, 64)
 	c.quiet = quiet
 	return c
 }
 
-// wake does what the work queue's timers do when their time comes: it
-// hands every cached entry and every end to a writer.
-func wake(p *pipeline) {
-	drain(p)
-	p.mu.Lock()
-	es := append(p.cache.Values(), p.endEntries()...)
-	p.mu.Unlock()
-	for _, e := range es {
-		p.sync(e)
-	}
-	drain(p)
-}
-
-func withReasonIn(evs []corev1.Event, reason string) []corev1.Event {
+// ofReason lists the events of reason.
+func ofReason(evs []corev1.Event, reason string) []corev1.Event {
 	var out []corev1.Event
 	for _, e := range evs {
 		if e.Reason == reason {
@@ -41,10 +32,28 @@ func withReasonIn(evs []corev1.Event, reason string) []corev1.Event {
 	return out
 }
 
-// stormLines logs n distinct lines of one shape, numbered from from.
-func logStorm(p *pipeline, l level, from, n int, at time.Time) {
+// endsIn lists the end events the fake API holds.
+func endsIn(api *fakeAPI) []corev1.Event {
+	var out []corev1.Event
+	for _, e := range api.list() {
+		if strings.HasSuffix(e.Reason, "Ended") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// logStorm hands over n distinct lines of one shape, numbered from from.
+func logStorm(h *harness, l level, from, n int, at time.Time) {
 	for i := from; i < from+n; i++ {
-		p.observe(ln(l, "errors", fmt.Sprintf("2 q%d.example.net. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", i, 40000+i), at))
+		h.observe(ln(l, "errors", fmt.Sprintf("2 q%d.example.net. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", i, 40000+i), at))
+	}
+}
+
+// repeatLine hands over one line n times.
+func repeatLine(h *harness, l level, plugin, msg string, n int) {
+	for range n {
+		h.observe(ln(l, plugin, msg, h.clk.Now()))
 	}
 }
 
@@ -58,36 +67,49 @@ func combinedOf(evs []corev1.Event) []corev1.Event {
 	return out
 }
 
+// onceFault is f for the first request of verb, and no fault else.
+func onceFault(verb string, f fault) func(apiRequest) fault {
+	done := false
+	return func(r apiRequest) fault {
+		if r.verb != verb || done {
+			return fault{}
+		}
+		done = true
+		return f
+	}
+}
+
+// apiDown makes every request fail to connect while *down holds.
+func apiDown(api *fakeAPI, down *bool) {
+	api.setFault(func(apiRequest) fault { return fault{unsent: *down} })
+}
+
 // TestStormEndIsSaid: a storm that has had no new line for quiet gets one
 // Normal end event with its labels, total and times; the lines it stands
 // for stay out of the ledger; a storm that comes back is a new object and
 // ends again. Events that are no storm get no end.
 func TestStormEndIsSaid(t *testing.T) {
 	const quiet = time.Minute
-	p, api, clk := newTestPipeline(t, quietConfig(100, 100, quiet))
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, quiet))
 	before := readLedger()
 	endedBefore := testutil.ToFloat64(ended[levelError])
 
 	start := clk.Now()
-	logStorm(p, levelError, 0, 20, start)
-	clk.Step(10 * time.Second)
-	logStorm(p, levelError, 20, 20, clk.Now())
-	p.observe(ln(levelError, "forward", "one line, no storm", clk.Now()))
-	for range 20 { // a storm of info lines: no end is said of it
-		p.observe(ln(levelInfo, "forward", "info storm", clk.Now()))
-	}
+	logStorm(h, levelError, 0, 20, start)
+	h.advance(10 * time.Second)
+	logStorm(h, levelError, 20, 20, clk.Now())
+	h.observe(ln(levelError, "forward", "one line, no storm", clk.Now()))
+	repeatLine(h, levelInfo, "forward", "info storm", 20) // no end is said of it
 	last := clk.Now()
-	drain(p)
+	drain(h)
 
-	clk.Step(quiet - time.Second)
-	wake(p)
-	if n := len(withReasonIn(events(t, api), "CoreDNSErrorEnded")); n != 0 {
+	h.advance(quiet + handOffGrace - time.Millisecond)
+	if n := len(endsIn(api)); n != 0 {
 		t.Fatalf("%d end events before the storm was quiet for %v", n, quiet)
 	}
-	clk.Step(time.Second + handOffGrace)
-	wake(p)
+	h.advance(time.Millisecond)
 	evs := events(t, api)
-	ends := withReasonIn(evs, "CoreDNSErrorEnded")
+	ends := ofReason(evs, "CoreDNSErrorEnded")
 	storm := only(t, combinedOf(evs))
 	end := only(t, ends)
 	if end.Type != corev1.EventTypeNormal || end.Labels[labelPlugin] != "errors" || end.Labels[labelLevel] != "error" {
@@ -113,18 +135,15 @@ func TestStormEndIsSaid(t *testing.T) {
 	checkLedger(t, api, before, 40+1+20)
 
 	// Quiet stays quiet: no second end.
-	clk.Step(3 * quiet)
-	wake(p)
-	if n := len(withReasonIn(events(t, api), "CoreDNSErrorEnded")); n != 1 {
+	h.advance(3 * quiet)
+	if n := len(endsIn(api)); n != 1 {
 		t.Fatalf("%d end events after a longer quiet, want 1", n)
 	}
 
 	// The storm comes back: a new object, and a new end.
 	again := clk.Now()
-	logStorm(p, levelError, 1000, 5, again)
-	drain(p)
-	clk.Step(quiet + handOffGrace)
-	wake(p)
+	logStorm(h, levelError, 1000, 5, again)
+	h.advance(quiet + handOffGrace)
 	evs = events(t, api)
 	combined := combinedOf(evs)
 	if len(combined) != 2 {
@@ -138,7 +157,7 @@ func TestStormEndIsSaid(t *testing.T) {
 			t.Errorf("the new storm's event: count %d first %v, want 5 from %v", e.Count, e.FirstTimestamp, again)
 		}
 	}
-	if ends := withReasonIn(evs, "CoreDNSErrorEnded"); len(ends) != 2 || !strings.Contains(ends[0].Message+ends[1].Message, ": 5 lines like \"2 q1004.") {
+	if ends := ofReason(evs, "CoreDNSErrorEnded"); len(ends) != 2 || !strings.Contains(ends[0].Message+ends[1].Message, ": 5 lines like \"2 q1004.") {
 		t.Errorf("end events after the storm came back:\n%v", ends)
 	}
 	checkLedger(t, api, before, 40+1+20+5)
@@ -146,39 +165,33 @@ func TestStormEndIsSaid(t *testing.T) {
 
 // TestQuietOffSaysNoEnd: with quiet off, a storm's end is not said.
 func TestQuietOffSaysNoEnd(t *testing.T) {
-	p, api, clk := newTestPipeline(t, quietConfig(100, 100, 0))
-	logStorm(p, levelWarning, 0, 40, clk.Now())
-	drain(p)
-	clk.Step(24 * time.Hour)
-	wake(p)
-	for _, e := range events(t, api) {
-		if strings.HasSuffix(e.Reason, "Ended") {
-			t.Fatalf("end event with quiet off: %+v", e)
-		}
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, 0))
+	logStorm(h, levelWarning, 0, 40, clk.Now())
+	h.advance(24 * time.Hour)
+	for _, e := range endsIn(api) {
+		t.Fatalf("end event with quiet off: %+v", e)
+	}
+	if n := len(h.s.ends.list); n != 0 {
+		t.Errorf("%d ends wait with quiet off", n)
 	}
 }
 
 // TestEndCreateUnansweredIsWrittenOnce: an end whose create reached the
 // API and got no answer is retried under the same name; it is one event.
 func TestEndCreateUnansweredIsWrittenOnce(t *testing.T) {
-	p, api, clk := newTestPipeline(t, quietConfig(100, 100, time.Minute))
-	p.writeTimeout = 100 * time.Millisecond
+	h, api, _ := newTestHarness(t, withQuiet(100, 100, time.Minute))
+	h.lostAfter = writeTimeout
 	endedBefore := testutil.ToFloat64(ended[levelWarning])
-	logStorm(p, levelWarning, 0, 12, clk.Now())
-	drain(p)
-	var once sync.Once // the next request is the end's first create
-	api.setFault(func(r apiRequest) (f fault) {
-		once.Do(func() { f = fault{hang: true, apply: true} })
-		return f
-	})
-	clk.Step(time.Minute + handOffGrace)
-	wake(p)
+	repeatLine(h, levelWarning, "errors", "upstream slow", 12)
+	drain(h)
+	api.setFault(onceFault("create", fault{lost: true, apply: true})) // the end's first create: applied, unanswered
+	h.advance(time.Minute + handOffGrace)
 	if n := testutil.ToFloat64(ended[levelWarning]) - endedBefore; n != 0 {
-		t.Errorf("ended_total rose by %v after an unanswered create, want 0", n)
+		t.Errorf("ended_total rose by %v before the unanswered create came back, want 0", n)
 	}
-	clk.Step(retryMax * 2)
-	wake(p)
-	if ends := withReasonIn(events(t, api), "CoreDNSWarningEnded"); len(ends) != 1 {
+	api.setFault(nil)
+	h.advance(retryMax * 2)
+	if ends := ofReason(events(t, api), "CoreDNSWarningEnded"); len(ends) != 1 {
 		t.Fatalf("%d end events, want 1", len(ends))
 	}
 	if n := testutil.ToFloat64(ended[levelWarning]) - endedBefore; n != 1 {
@@ -186,48 +199,477 @@ func TestEndCreateUnansweredIsWrittenOnce(t *testing.T) {
 	}
 	creates := 0
 	api.mu.Lock()
-	defer api.mu.Unlock()
 	for _, r := range api.requests {
 		if r.reason == "CoreDNSWarningEnded" {
 			creates++
 		}
 	}
+	api.mu.Unlock()
 	if creates != 2 {
 		t.Errorf("%d requests of the end, want 2 (the unanswered one, the retry)", creates)
+	}
+	if n := len(h.s.ends.list); n != 0 {
+		t.Errorf("%d ends still wait once written", n)
 	}
 }
 
 // TestEndsHaveTheirOwnBucket: a storm that empties its level's bucket
 // leaves its end the tokens of the end bucket, and the end takes none of
-// the level's.
+// the level's; an end that finds the end bucket empty waits, counted as
+// throttled under its reason.
 func TestEndsHaveTheirOwnBucket(t *testing.T) {
-	p, api, clk := newTestPipeline(t, quietConfig(1.0/3600, 1, time.Minute))
-	for range 15 { // one line repeated: one create, the bucket's only token
-		p.observe(ln(levelError, "errors", "upstream unhealthy", clk.Now()))
-	}
-	drain(p)
-	clk.Step(time.Minute + handOffGrace)
-	wake(p)
-	if n := len(withReasonIn(events(t, api), "CoreDNSErrorEnded")); n != 1 {
+	h, api, clk := newTestHarness(t, withQuiet(1.0/3600, 1, time.Minute))
+	repeatLine(h, levelError, "errors", "upstream unhealthy", 15) // one create: the bucket's only token
+	h.advance(time.Minute + handOffGrace)
+	if n := len(ofReason(events(t, api), "CoreDNSErrorEnded")); n != 1 {
 		t.Errorf("%d end events with the error bucket empty, want 1", n)
 	}
-	if tokens := p.buckets[levelError].TokensAt(clk.Now()); tokens >= 1 {
-		t.Errorf("%.2f error tokens after the storm and its end, want the bucket empty", tokens)
+	if w := h.s.buckets[levelError].wait(clk.Now()); w == 0 {
+		t.Errorf("the error bucket has a token after the storm and its end, want it empty")
 	}
-	// The next end finds the end bucket empty: it waits, and is counted
-	// as throttled under its reason.
-	p.observe(ln(levelWarning, "errors", "upstream slow", clk.Now()))
 	throttledBefore := testutil.ToFloat64(throttledEnd[levelWarning])
-	for range 14 {
-		p.observe(ln(levelWarning, "errors", "upstream slow", clk.Now()))
-	}
-	drain(p)
-	clk.Step(time.Minute + handOffGrace)
-	wake(p)
-	if n := len(withReasonIn(events(t, api), "CoreDNSWarningEnded")); n != 0 {
+	repeatLine(h, levelWarning, "errors", "upstream slow", 15)
+	h.advance(time.Minute + handOffGrace)
+	if n := len(ofReason(events(t, api), "CoreDNSWarningEnded")); n != 0 {
 		t.Errorf("%d warning end events with the end bucket empty, want 0", n)
 	}
-	if n := testutil.ToFloat64(throttledEnd[levelWarning]) - throttledBefore; n < 1 {
-		t.Errorf("throttled_total of the end rose by %v, want at least 1", n)
+	if n := testutil.ToFloat64(throttledEnd[levelWarning]) - throttledBefore; n != 1 {
+		t.Errorf("throttled_total of the end rose by %v, want 1", n)
+	}
+	if n := len(h.s.ends.list); n != 1 {
+		t.Errorf("%d ends wait for a token, want 1", n)
+	}
+}
+
+// TestEndsWithinCacheSize: "At most CACHESIZE ends wait to be written": a
+// storm that ends beyond that starts afresh without one, and a reload that
+// shrinks the cache keeps the oldest CACHESIZE.
+func TestEndsWithinCacheSize(t *testing.T) {
+	const quiet = time.Minute
+	cfg := withQuiet(100, 100, quiet)
+	cfg.cacheSize = 4
+	h, api, _ := newTestHarness(t, cfg)
+	for i := range 4 { // four storms of their own, each one event of 12 lines
+		repeatLine(h, levelWarning, fmt.Sprintf("p%d", i), "upstream unhealthy", 12)
+	}
+	drain(h)
+	down := true // the API server is unreachable: the ends wait
+	apiDown(api, &down)
+	h.advance(quiet + handOffGrace)
+	if n := len(h.s.ends.list); n != 4 {
+		t.Fatalf("%d ends waiting before the reload, want 4", n)
+	}
+	oldest := h.s.ends.list[0]
+
+	small := cfg
+	small.cacheSize = 1
+	h.apply(small)
+	if n := len(h.s.ends.list); n != 1 || h.s.ends.list[0] != oldest {
+		t.Errorf("%d ends waiting after a reload to CACHESIZE 1, want the oldest one", n)
+	}
+	// One more storm ends while the one end waits: it gets none.
+	repeatLine(h, levelWarning, "p9", "upstream unhealthy", 12)
+	down = false
+	drain(h)
+	down = true
+	h.advance(quiet + handOffGrace)
+	if n := len(h.s.ends.list); n != 1 {
+		t.Errorf("%d ends waiting with CACHESIZE 1, want 1", n)
+	}
+	down = false
+	h.advance(2 * retryMax)
+	if n := len(endsIn(api)); n != 1 {
+		t.Errorf("%d ends written after the API came back, want the %d that may wait", n, small.cacheSize)
+	}
+}
+
+// TestEndsShrinkWhileEndInFlight: a reload that shrinks CACHESIZE keeps
+// the oldest ends and leaves one in flight to its write; if that write
+// fails, the end is held to the new size once it is back.
+func TestEndsShrinkWhileEndInFlight(t *testing.T) {
+	const quiet = time.Minute
+	cfg := withQuiet(100, 100, quiet)
+	cfg.cacheSize = 4
+	h, api, _ := newTestHarness(t, cfg)
+	h.lostAfter = writeTimeout
+	repeatLine(h, levelWarning, "p0", "upstream unhealthy", 12)
+	drain(h)
+	api.setFault(func(r apiRequest) fault {
+		if r.verb == "create" {
+			return fault{code: http.StatusTooManyRequests, retryAfter: 3600}
+		}
+		return fault{}
+	})
+	h.advance(quiet + handOffGrace) // the first storm's end: asked to wait an hour
+	if n := len(h.s.ends.list); n != 1 {
+		t.Fatalf("%d ends waiting, want 1", n)
+	}
+	api.setFault(nil)
+
+	// A second storm, whose end's create gets no answer for writeTimeout.
+	repeatLine(h, levelWarning, "p1", "upstream unhealthy", 12)
+	drain(h)
+	api.setFault(onceFault("create", fault{lost: true})) // the end's create
+	h.advance(quiet + handOffGrace)
+	if n := len(h.s.ends.list); n != 2 || h.s.ends.list[1].inflight == 0 {
+		t.Fatalf("%d ends waiting, want 2, the second in flight", n)
+	}
+	small := cfg
+	small.cacheSize = 1
+	h.apply(small)
+	api.setFault(nil)
+	h.advance(writeTimeout) // the second end's create comes back unanswered
+	if n := len(h.s.ends.list); n > small.cacheSize {
+		t.Errorf("%d ends waiting after a reload to CACHESIZE %d (one was in flight at the reload and failed), want at most %d", n, small.cacheSize, small.cacheSize)
+	}
+	h.advance(2 * time.Hour)
+	if n := len(endsIn(api)); n != small.cacheSize {
+		t.Errorf("%d ends written after the API came back, want the %d kept", n, small.cacheSize)
+	}
+}
+
+// TestEndsReloadRateWakesThrottledEnds: "events that waited for a token
+// are looked at again at once under the new rate". An end that waits for
+// a token of its bucket is an event too.
+func TestEndsReloadRateWakesThrottledEnds(t *testing.T) {
+	const quiet = time.Minute
+	h, api, _ := newTestHarness(t, withQuiet(1.0/3600, 1, quiet))
+	for range 12 { // two storms, one per level: each takes its level's only token
+		h.observe(ln(levelWarning, "errors", "upstream slow", h.clk.Now()))
+		h.observe(ln(levelError, "errors", "upstream unhealthy", h.clk.Now()))
+	}
+	h.advance(quiet + handOffGrace) // both end; the first takes the end bucket's token, the second waits an hour
+	if n := len(endsIn(api)); n != 1 {
+		t.Fatalf("%d ends written with one token, want 1", n)
+	}
+	// A line event that waits for a token too: the warning bucket is empty.
+	h.observe(ln(levelWarning, "forward", "a lone line", h.clk.Now()))
+	drain(h)
+	if n := len(api.list()); n != 3 {
+		t.Fatalf("%d events before the reload, want 3", n)
+	}
+
+	h.apply(withQuiet(1000, 1, quiet))
+	h.advance(10 * time.Millisecond)
+	lineWritten := false
+	for _, e := range api.list() {
+		lineWritten = lineWritten || strings.Contains(e.Message, "a lone line")
+	}
+	if !lineWritten {
+		t.Errorf("the line event that waited for a token was not written within 10ms of a reload to 1000 QPS")
+	}
+	if n := len(endsIn(api)); n != 2 {
+		t.Errorf("%d ends written within 10ms of a reload to 1000 QPS, want 2: the end that waited still waits for the old rate's refill", n)
+	}
+}
+
+// TestEndsQuietOffSaysNoMoreEnds: "A reload takes the new value at once:
+// `off` says no more ends". An end decided before a reload to `quiet off`
+// and not yet written is not written after it.
+func TestEndsQuietOffSaysNoMoreEnds(t *testing.T) {
+	const quiet = time.Minute
+	h, api, _ := newTestHarness(t, withQuiet(100, 100, quiet))
+	repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
+	drain(h)
+	down := true
+	apiDown(api, &down)
+	h.advance(quiet + handOffGrace) // the end is decided; its create cannot reach the API
+	if n := len(h.s.ends.list); n != 1 {
+		t.Fatalf("%d ends waiting while the API was unreachable, want 1", n)
+	}
+	h.apply(withQuiet(100, 100, 0)) // quiet off
+	down = false
+	h.advance(2 * retryMax)
+	if ends := endsIn(api); len(ends) != 0 {
+		t.Errorf("%d ends written after a reload to quiet off: %q", len(ends), ends[0].Message)
+	}
+}
+
+// TestEndsQuietOffWhileEndInFlight: an end whose create is in flight when
+// the reload to `quiet off` comes, and which then fails without being
+// applied, is not tried again.
+func TestEndsQuietOffWhileEndInFlight(t *testing.T) {
+	const quiet = time.Minute
+	h, api, _ := newTestHarness(t, withQuiet(100, 100, quiet))
+	h.lostAfter = writeTimeout
+	repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
+	drain(h)
+	api.setFault(onceFault("create", fault{lost: true})) // the end's create
+	h.advance(quiet + handOffGrace)                      // the end is decided, its create goes out
+	if n := len(h.s.ends.list); n != 1 || h.s.ends.list[0].inflight == 0 {
+		t.Fatalf("%d ends waiting, want 1 in flight", n)
+	}
+	h.apply(withQuiet(100, 100, 0)) // quiet off while the end's create is in flight
+	api.setFault(nil)
+	h.advance(2 * retryMax)
+	if ends := endsIn(api); len(ends) != 0 {
+		t.Errorf("%d ends written after a reload to quiet off (the end's create was in flight at the reload and failed): %q", len(ends), ends[0].Message)
+	}
+	if n := len(h.s.ends.list); n != 0 {
+		t.Errorf("%d ends wait with quiet off", n)
+	}
+}
+
+// checkStormGoesOn fails the test if an end was said for the storm of
+// CoreDNSError lines, or if its lines went into more than one object.
+func checkStormGoesOn(t *testing.T, api *fakeAPI) {
+	t.Helper()
+	for _, e := range endsIn(api) {
+		t.Errorf("end said although a line came just before the quiet was up: %q", e.Message)
+	}
+	var objects []string
+	for _, e := range api.list() {
+		if e.Reason == "CoreDNSError" {
+			objects = append(objects, fmt.Sprintf("%s count %d", e.Name, e.Count))
+		}
+	}
+	if len(objects) != 1 {
+		t.Errorf("the storm's lines are in %d objects, want 1: %v", len(objects), objects)
+	}
+}
+
+// TestEndWaitsForLineInHandOff: a storm ends after QUIET "without a new
+// line". A line logged 1 ms before the quiet was up and still waiting in
+// the listener's hand-off when the quiet is up keeps the storm going: no
+// end is decided while it waits there.
+func TestEndWaitsForLineInHandOff(t *testing.T) {
+	const quiet = time.Minute
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, quiet))
+	repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
+	drain(h)
+	last := clk.Now()
+	h.lines <- ln(levelError, "errors", "upstream unhealthy", last.Add(quiet-time.Millisecond)) // the listener's hand-off
+	clk.SetTime(last.Add(quiet + 2*handOffGrace))
+	if _, wake := h.s.dispatch(clk.Now()); len(h.s.ends.list) != 0 || wake.IsZero() {
+		t.Fatalf("an end was decided while a line of before the quiet waited in the hand-off")
+	}
+	drain(h) // the line is taken
+	checkStormGoesOn(t, api)
+	if e := h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: upstream unhealthy"}); e == nil || e.seen != 13 {
+		t.Errorf("the storm's entry %+v, want 13 lines", e)
+	}
+}
+
+// TestEndWaitsForLineOnItsWay: a line logged just before the quiet was up
+// and handed over within handOffGrace after it keeps the storm going, even
+// when a later line of another plugin was handed over first.
+func TestEndWaitsForLineOnItsWay(t *testing.T) {
+	const quiet = time.Minute
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, quiet))
+	repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
+	drain(h)
+	last := clk.Now()
+	h.advance(quiet)
+	h.observe(ln(levelWarning, "forward", "a line of another plugin", clk.Now())) // handed over first
+	h.advance(handOffGrace - time.Millisecond)
+	h.observe(ln(levelError, "errors", "upstream unhealthy", last.Add(quiet-time.Millisecond))) // the storm's, on its way
+	drain(h)
+	checkStormGoesOn(t, api)
+}
+
+// TestSteadyStormIsNotSaidToEnd: a storm of one distinct line a minute,
+// one shape, never stops, and with the default quiet no end is said of it
+// while its lines come; from its 11th line on each joins the combined
+// event.
+func TestSteadyStormIsNotSaidToEnd(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, defaultQuiet))
+	for i := range 40 {
+		logStorm(h, levelError, i, 1, clk.Now())
+		h.advance(time.Minute)
+		if ends := endsIn(api); len(ends) > 0 {
+			t.Fatalf("minute %d: an end is said while a line of the storm's shape comes every minute: %q", i, ends[0].Message)
+		}
+	}
+	own := 0
+	for _, e := range api.list() {
+		if e.Reason == "CoreDNSError" && !strings.Contains(e.Message, combinedPrefix) {
+			own++
+		}
+	}
+	if own > combineAfter {
+		t.Errorf("%d lines of the storm are events of their own, want the first %d only", own, combineAfter)
+	}
+}
+
+// stormOf adds n lines to the storm of one message, as if seen: one line
+// through observe, the rest to its tally.
+func stormOf(h *harness, n int64) *entry {
+	h.observe(ln(levelError, "errors", "upstream unhealthy", h.clk.Now()))
+	e := h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: upstream unhealthy"})
+	e.seen += n - 1
+	pendingLines.Add(float64(n - 1))
+	return e
+}
+
+// TestFullStormGetsItsEnd: an event's count is an int32; a storm of
+// exactly 2^31-1 lines fills one object, and one of 5 more goes on in a
+// second: each is said to end once quiet, with its total, whether the
+// object filled up in its create or in a patch.
+func TestFullStormGetsItsEnd(t *testing.T) {
+	for _, tt := range []struct {
+		first, lines int64 // lines in a first write, and in all
+		objects      int
+	}{
+		{0, math.MaxInt32, 1}, {0, math.MaxInt32 + 5, 2},
+		{12, math.MaxInt32, 1}, {12, math.MaxInt32 + 5, 2},
+		{math.MaxInt32, math.MaxInt32 + 5, 2},
+	} {
+		t.Run(fmt.Sprint(tt.first, "+", tt.lines-tt.first), func(t *testing.T) {
+			h, api, _ := newTestHarness(t, withQuiet(100, 100, time.Minute))
+			before := readLedger()
+			if tt.first > 0 {
+				stormOf(h, tt.first)
+				h.advance(time.Second)
+			}
+			stormOf(h, tt.lines-tt.first)
+			h.advance(time.Minute + handOffGrace)
+			var counts []int32
+			for _, e := range ofReason(events(t, api), "CoreDNSError") {
+				counts = append(counts, e.Count)
+			}
+			if len(counts) != tt.objects {
+				t.Errorf("the storm is in objects of counts %v, want %d objects", counts, tt.objects)
+			}
+			ends := endsIn(api)
+			if len(ends) != 1 || !strings.Contains(ends[0].Message, fmt.Sprintf(": %d lines like", tt.lines)) {
+				t.Fatalf("ends %v, want one of %d lines", ends, tt.lines)
+			}
+			checkLedger(t, api, before, float64(tt.lines))
+			if d := readLedger().since(before); d.pending != 0 {
+				t.Errorf("%v lines pending, want none", d.pending)
+			}
+		})
+	}
+}
+
+// TestClientLimiterDoesNotHoldTheFlush: "Ends still unwritten at shutdown
+// are written in the flush if their bucket has a token". The client
+// CoreDNS's kubeapi plugin builds gets client-go's default limiter, 5
+// requests a second with a burst of 10, shared by every bucket; it is not
+// used: the buckets are the limit. 40 ends, the end bucket full, are all
+// written in a 2 s flush, in much less real time than the limiter allows.
+func TestClientLimiterDoesNotHoldTheFlush(t *testing.T) {
+	const quiet, storms = time.Minute, 40
+	h, api, _ := newTestHarness(t, withQuiet(100, 100, quiet))
+	for i := range storms {
+		repeatLine(h, levelWarning, fmt.Sprintf("p%d", i), "upstream unhealthy", 12)
+	}
+	drain(h)
+	down := true // the ends are decided while the API server is away
+	apiDown(api, &down)
+	h.advance(quiet + handOffGrace)
+	if n := len(endsIn(api)); n != 0 {
+		t.Fatalf("%d ends written while the API server was away", n)
+	}
+	// The API server is back, and CoreDNS shuts down: the flush writes the
+	// ends with the client kubeapi gives, client-go's defaults.
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: api.srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.client = cs
+	start := time.Now()
+	h.stop(2 * time.Second)
+	took := time.Since(start)
+	if n := len(endsIn(api)); n != storms {
+		t.Errorf("%d of %d ends written in the flush with the end bucket full", n, storms)
+	}
+	if limited := time.Duration(float64(storms-rest.DefaultBurst) / float64(rest.DefaultQPS) * float64(time.Second)); took >= limited {
+		t.Errorf("the flush's %d creates took %v, as long as client-go's default limiter (%v QPS, burst %d) makes them",
+			storms, took, rest.DefaultQPS, rest.DefaultBurst)
+	}
+}
+
+// TestFlushStormGetsItsEndOnceQuiet: a storm written during the flush at
+// shutdown gets its end by the same rule as in service: once it has had
+// no new line for quiet, if that comes before the deadline; then the end
+// is written in the flush if its bucket has a token, held up neither by
+// another event's hung create nor by another's Retry-After.
+func TestFlushStormGetsItsEndOnceQuiet(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		since   time.Duration // from the storm's last line to stop
+		other   fault         // the warning's first create at stop
+		wantEnd bool
+	}{
+		{"quiet long past", 2 * time.Minute, fault{}, true},
+		{"quiet up in the flush", time.Minute - time.Second, fault{}, true},
+		{"quiet not up by the deadline", 10 * time.Second, fault{}, false},
+		{"another's create hangs", 2 * time.Minute, fault{lost: true}, true},
+		{"another waits a Retry-After", 2 * time.Minute, fault{code: http.StatusTooManyRequests, retryAfter: 1}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))
+			h.lostAfter = writeTimeout
+			before := readLedger()
+			down := true // the storm is not written before the flush
+			apiDown(api, &down)
+			repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
+			drain(h)
+			h.advance(tt.since)
+			h.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+			down = false
+			creates := 0
+			api.setFault(func(r apiRequest) fault {
+				if r.verb != "create" {
+					return fault{}
+				}
+				creates++
+				if creates == 2 { // the first is the storm's, the second the warning's
+					return tt.other
+				}
+				return fault{}
+			})
+			h.stop(5 * time.Second)
+			ends := ofReason(events(t, api), "CoreDNSErrorEnded")
+			if tt.wantEnd != (len(ends) == 1) || len(ends) > 1 {
+				t.Errorf("%d ends after the flush, want an end %v", len(ends), tt.wantEnd)
+			}
+			if n := len(ofReason(events(t, api), "CoreDNSError")); n != 1 {
+				t.Errorf("%d storm events, want 1", n)
+			}
+			if tt.other.retryAfter > 0 {
+				var endAt, retryAt time.Time
+				for _, r := range eventRequests(api) {
+					switch {
+					case r.reason == "CoreDNSErrorEnded":
+						endAt = r.at
+					case r.reason == "CoreDNSWarning" && r.code == 0 || r.reason == "CoreDNSWarning" && r.code < 300:
+						retryAt = r.at
+					}
+				}
+				if endAt.IsZero() || !retryAt.IsZero() && retryAt.Before(endAt) {
+					t.Errorf("the end at %v, the warning's retry at %v: the end waited behind the other's Retry-After", endAt, retryAt)
+				}
+			}
+			checkLedger(t, api, before, 13)
+		})
+	}
+}
+
+// TestFlushEndNotHeldByHungEvictedWrite: an evicted event whose create
+// hangs through the flush holds up only itself: a storm written in the
+// flush, its quiet long past, gets its end written.
+func TestFlushEndNotHeldByHungEvictedWrite(t *testing.T) {
+	cfg := withQuiet(100, 100, time.Minute)
+	cfg.cacheSize = 2
+	h, api, clk := newTestHarness(t, cfg)
+	h.lostAfter = 5 * time.Minute // beyond the flush
+	before := readLedger()
+	api.setFault(firstFaults(1, fault{lost: true}))
+	h.observe(ln(levelWarning, "health", "slow answers", clk.Now()))
+	drain(h) // the warning's create hangs
+	down := true
+	apiDown(api, &down)
+	repeatLine(h, levelError, "errors", "upstream unhealthy", 12)
+	h.observe(ln(levelError, "errors", "upstream K down", clk.Now())) // evicts the warning
+	h.advance(2 * time.Minute)
+	down = false
+	h.stop(2 * time.Second)
+	if n := len(ofReason(events(t, api), "CoreDNSErrorEnded")); n != 1 {
+		t.Errorf("%d ends, want the storm's written while the evicted warning's create hung", n)
+	}
+	if d := checkLedger(t, api, before, 14); d.dropped[dropShutdown]+d.dropped[dropEvicted] != 1 {
+		t.Errorf("dropped %v, want only the warning's line", d.dropped)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -55,7 +54,6 @@ type writeSpec struct {
 	count       int64
 	first, last time.Time
 	name        string // set: patch this event
-	tried       string // a create under this name got no answer
 	end         bool   // the end of a storm: message is the whole message
 }
 
@@ -146,7 +144,6 @@ func clampCount(n int64) int32 { return int32(min(max(n, 0), math.MaxInt32)) }
 // process, so that names never collide across replicas and restarts, even
 // when every replica reports on namespace/default.
 type eventNames struct {
-	mu   sync.Mutex
 	last int64
 	tag  string
 }
@@ -158,10 +155,8 @@ func newEventNames() *eventNames {
 }
 
 func (n *eventNames) next(object string, now time.Time) string {
-	n.mu.Lock()
 	t := max(now.UnixNano(), n.last+1)
 	n.last = t
-	n.mu.Unlock()
 	suffix := fmt.Sprintf(".%x%s", t, n.tag)
 	if len(object)+len(suffix) > maxNameLen {
 		object = strings.TrimRight(object[:maxNameLen-len(suffix)], ".-")

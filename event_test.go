@@ -1,10 +1,13 @@
 package k8s_event
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func TestIsStorm(t *testing.T) {
@@ -91,5 +94,167 @@ func TestEndMessageLongLine(t *testing.T) {
 	got = endMessage("plugin/errors: ", "plugin/errors: a\x00b\xffc", 10, at, at)
 	if !utf8.ValidString(got) || strings.IndexByte(got, 0) >= 0 {
 		t.Errorf("not made fit: %q", got)
+	}
+}
+
+func TestEventMessage(t *testing.T) {
+	tests := []struct {
+		name     string
+		input    string
+		expected string
+	}{
+		{"empty", "", ""},
+		{"short", "plugin/errors: 2 example.org. A: i/o timeout", "plugin/errors: 2 example.org. A: i/o timeout"},
+		{"percent", "plugin/errors: 100%d done %s", "plugin/errors: 100%d done %s"},
+		{"trailing newline", "plugin/errors: x\n", "plugin/errors: x"},
+		{"trailing newlines", "plugin/errors: x\n\n", "plugin/errors: x"},
+		{"inner newline", "a\nb", "a\nb"},
+		{"invalid UTF-8", "a\xffb", "a\uFFFDb"},
+		{"invalid UTF-8 run", "a\xff\xfe\xfdb", "a\uFFFDb"},
+		{"truncated rune", "a\xe6\x97", "a\uFFFD"},
+		{"NUL", "a\x00b", "a\uFFFDb"},
+		{"NULs and invalid UTF-8", "\x00\xff\x00", "\uFFFD\uFFFD\uFFFD"},
+		{"exactly the limit", strings.Repeat("x", maxMessageBytes), strings.Repeat("x", maxMessageBytes)},
+		{"the limit and a newline", strings.Repeat("x", maxMessageBytes) + "\n", strings.Repeat("x", maxMessageBytes)},
+		{"one over the limit", strings.Repeat("x", maxMessageBytes+1), strings.Repeat("x", maxMessageBytes-len(truncMarker)) + truncMarker},
+	}
+	for _, test := range tests {
+		if got := eventMessage(test.input); got != test.expected {
+			t.Errorf("%s: expected %.60q, got %.60q", test.name, test.expected, got)
+		}
+	}
+}
+
+func TestEventMessageTruncated(t *testing.T) {
+	tests := []struct {
+		name  string
+		input string
+	}{
+		{"ASCII", strings.Repeat("x", 5000)},
+		{"2-byte runes", strings.Repeat("é", 2500)},
+		{"3-byte runes", strings.Repeat("日", 1700)},
+		{"4-byte runes", strings.Repeat("😀", 1300)},
+		{"mixed runes", strings.Repeat("aé日😀", 400)},
+		{"prefix shifts the runes", "plugin/errors: " + strings.Repeat("日", 1700)},
+		{"trailing newline", strings.Repeat("é", 2500) + "\n"},
+	}
+	for _, test := range tests {
+		got := eventMessage(test.input)
+		if len(got) > maxMessageBytes {
+			t.Errorf("%s: expected at most %d bytes, got %d", test.name, maxMessageBytes, len(got))
+		}
+		if len(got) < maxMessageBytes-(utf8.UTFMax-1) {
+			t.Errorf("%s: expected the cut to lose less than a rune, got %d bytes", test.name, len(got))
+		}
+		if !utf8.ValidString(got) {
+			t.Errorf("%s: expected valid UTF-8, got %q", test.name, got[len(got)-len(truncMarker)-8:])
+		}
+		kept, ok := strings.CutSuffix(got, truncMarker)
+		if !ok {
+			t.Errorf("%s: expected the message to end with %q, got %q", test.name, truncMarker, got[max(0, len(got)-20):])
+		}
+		if !strings.HasPrefix(test.input, kept) {
+			t.Errorf("%s: expected the kept part to be a prefix of the input", test.name)
+		}
+	}
+}
+
+// NUL bytes grow threefold into U+FFFD: the limit holds after replacing.
+func TestEventMessageReplacedThenTruncated(t *testing.T) {
+	for _, input := range []string{strings.Repeat("\x00", 1000), strings.Repeat("a\xff", 1000)} {
+		got := eventMessage(input)
+		if len(got) > maxMessageBytes || !utf8.ValidString(got) || strings.IndexByte(got, 0) >= 0 {
+			t.Errorf("%.20q: expected at most %d bytes of valid UTF-8 without NUL, got %d bytes", input, maxMessageBytes, len(got))
+		}
+		if !strings.HasSuffix(got, truncMarker) {
+			t.Errorf("%.20q: expected the message to end with %q", input, truncMarker)
+		}
+	}
+}
+
+// nameTime is the time encoded in an event name given without a tag.
+func nameTime(t *testing.T, name string) int64 {
+	t.Helper()
+	i := strings.LastIndexByte(name, '.')
+	n, err := strconv.ParseInt(name[i+1:], 16, 64)
+	if err != nil {
+		t.Fatalf("name %q: %v", name, err)
+	}
+	return n
+}
+
+func TestEventNamesIncrease(t *testing.T) {
+	var names eventNames // no tag: the time is the whole suffix
+	seen := map[string]bool{}
+	last := int64(0)
+	times := []time.Time{epoch, epoch, epoch, epoch.Add(-time.Hour), epoch, epoch.Add(time.Nanosecond), epoch.Add(time.Second), epoch.Add(time.Second)}
+	for i, now := range times {
+		name := names.next("coredns-0", now)
+		if seen[name] {
+			t.Errorf("call %d: name %q given twice", i, name)
+		}
+		seen[name] = true
+		if !strings.HasPrefix(name, "coredns-0.") {
+			t.Errorf("call %d: expected %q to start with %q", i, name, "coredns-0.")
+		}
+		n := nameTime(t, name)
+		if n <= last {
+			t.Errorf("call %d: expected %q to sort after the last name (%x)", i, name, last)
+		}
+		if n < now.UnixNano() {
+			t.Errorf("call %d: expected %q not to be before %v", i, name, now)
+		}
+		last = n
+	}
+	if first := names.next("x", epoch.Add(time.Minute)); nameTime(t, first) != epoch.Add(time.Minute).UnixNano() {
+		t.Errorf("expected the name to follow the clock once it is ahead, got %q", first)
+	}
+}
+
+// TestEventNamesTagged: each process's names end in a tag of its own, so
+// that two replicas writing at the same nanosecond take different names.
+func TestEventNamesTagged(t *testing.T) {
+	a, b := newEventNames(), newEventNames()
+	if a.tag == "" || a.tag == b.tag {
+		t.Skipf("tags %q and %q: the random draw met, or none was drawn", a.tag, b.tag)
+	}
+	na, nb := a.next("coredns-0", epoch), b.next("coredns-0", epoch)
+	if na == nb || !strings.HasSuffix(na, a.tag) || !strings.HasSuffix(nb, b.tag) {
+		t.Errorf("names %q and %q, tags %q and %q", na, nb, a.tag, b.tag)
+	}
+}
+
+func TestEventNamesLong(t *testing.T) {
+	long := func(sep string) string { return strings.Repeat("a", 235) + sep + strings.Repeat("b", 14) }
+	tests := []struct {
+		name   string
+		object string
+	}{
+		{"short", "coredns-0"},
+		{"253 letters", strings.Repeat("a", 253)},
+		{"250 letters", strings.Repeat("a", 250)},
+		{"cut on a dash", long("-")},
+		{"cut on a dot", long(".")},
+		{"labels", strings.Repeat(strings.Repeat("c", 62)+".", 4)[:250]},
+	}
+	for _, test := range tests {
+		if errs := validation.IsDNS1123Subdomain(test.object); len(errs) != 0 {
+			t.Fatalf("%s: the object name is not valid itself: %v", test.name, errs)
+		}
+		names := newEventNames()
+		got := map[string]bool{}
+		for range 3 {
+			name := names.next(test.object, epoch)
+			if len(name) > maxNameLen {
+				t.Errorf("%s: expected at most %d characters, got %d", test.name, maxNameLen, len(name))
+			}
+			if errs := validation.IsDNS1123Subdomain(name); len(errs) != 0 {
+				t.Errorf("%s: %q is not a DNS subdomain: %v", test.name, name, errs)
+			}
+			if got[name] {
+				t.Errorf("%s: name %q given twice", test.name, name)
+			}
+			got[name] = true
+		}
 	}
 }

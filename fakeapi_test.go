@@ -25,8 +25,8 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// fakeAPI is a small kube-apiserver for unit tests: create, patch and get
-// of core/v1 events and get of pods, served over HTTP to the real
+// fakeAPI is a small kube-apiserver for unit tests: create and patch of
+// core/v1 events, get and list (by a field selector on the name) of pods, served over HTTP to the real
 // client-go. Contexts, time-outs, cancellation and client-go's handling of
 // answers are therefore the real ones. A fault function may break any
 // request: refuse the connection, answer with an error status, hang, reset
@@ -54,7 +54,7 @@ type fakeAPI struct {
 
 // apiRequest is one request as the server saw it.
 type apiRequest struct {
-	verb     string // create, patch or get
+	verb     string // create, patch, get or list
 	resource string // events or pods
 	name     string // empty for a create
 	reason   string // of the event written
@@ -226,6 +226,9 @@ func (api *fakeAPI) describe(r *http.Request, reason string) apiRequest {
 		req.verb = "patch"
 	default:
 		req.verb = "get"
+		if req.name == "" {
+			req.verb = "list"
+		}
 	}
 	return req
 }
@@ -303,6 +306,13 @@ func (api *fakeAPI) handle(w http.ResponseWriter, r *http.Request, req apiReques
 	api.mu.Lock()
 	defer api.mu.Unlock()
 	switch {
+	case req.resource == "pods" && req.verb == "list":
+		list := corev1.PodList{TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"}}
+		name := strings.TrimPrefix(r.URL.Query().Get("fieldSelector"), "metadata.name=")
+		if pod, ok := api.pods[ns+"/"+name]; ok {
+			list.Items = append(list.Items, *pod)
+		}
+		return writeObject(w, http.StatusOK, &list)
 	case req.resource == "pods" && req.verb == "get":
 		pod, ok := api.pods[ns+"/"+req.name]
 		if !ok {

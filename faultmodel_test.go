@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -16,11 +17,14 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
-// The fault model runs the pipeline against the in-process API server,
-// through the real client-go, under a seeded schedule of faults, lines,
-// reloads, event expiries and a shutdown, and checks every clause of the
-// accounting contract after each step. One goroutine drives it, so that a
-// seed replays the same run:
+// The stepped fault model drives the production scheduler, message by
+// message, through the harness (helpers_test.go), against the in-process
+// API server, through the real client-go, under a seeded schedule of
+// faults, lines, reloads, event expiries, fatal lines and a shutdown, and
+// checks every clause of the accounting contract after each step. Time is
+// a fake clock on which a request that gets no answer takes its time-out,
+// as in CoreDNS. One goroutine drives it, so that a seed replays the same
+// run:
 //
 //	go test -run TestFaultModel -faultmodel.seed=N -v .
 var (
@@ -86,14 +90,15 @@ type model struct {
 	rng   *rand.Rand
 	clk   *clocktesting.FakeClock
 	api   *fakeAPI
-	p     *pipeline
+	h     *harness
+	p     *pipeline // the concurrent model's
 	stats *faultStats
 	mode  apiMode
 
 	before    ledger
 	fed       float64 // lines handed to the listener
 	expired   int64   // counts of events the TTL removed
-	realTime  bool    // a silent API makes calls wait for their time-out
+	realTime  bool    // the concurrent model: a silent API makes calls wait for their time-out
 	maxBurst  int
 	maxQPS    float64
 	lastFatal time.Duration
@@ -132,26 +137,18 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.endNames = map[string]string{}
 	pod := testPod()
 	if m.rng.IntN(3) == 0 { // no UID from the downward API
-		ref := testRef
-		ref.UID = ""
-		pod.ref.Store(&ref)
-		pod.lookup.Store(true)
+		pod = testPodWithoutUID()
 		if m.rng.IntN(2) == 0 {
 			m.api.addPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: testRef.Name, Namespace: testRef.Namespace, UID: testRef.UID}})
 		}
 	}
 	m.before = readLedger()
-	m.p = newPipeline(cfg, m.api.client, pod, m.clk)
-	// Long enough that a loaded machine under the race detector does not
-	// time answers out; the model's hangs are instant but where the time
-	// a call takes is checked.
-	m.p.writeTimeout = 250 * time.Millisecond
-	m.p.fatalTimeout = 20 * time.Millisecond
-	m.p.flushPause = time.Millisecond
-	m.p.flushInTurn = true
-	m.p.rand = rand.New(rand.NewPCG(seed, 1))
-	m.p.queue.ShutDown() // the model is the scheduler: due() runs what is due
-	defer m.p.cancel()
+	m.h = newHarnessOn(nil, cfg, m.api, m.clk, pod)
+	// A request that gets no answer takes its time-out on the fake clock;
+	// in real time the fake API loses its answer at once.
+	m.h.lostAfter = writeTimeout
+	m.h.writeTimeout = 250 * time.Millisecond
+	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
 	stats.seeds++
 
 	steps := 10 + m.rng.IntN(30)
@@ -218,23 +215,47 @@ func (m *model) fault(r apiRequest) fault {
 	if kind != "" {
 		m.stats.injected[kind]++
 	}
-	if r.resource == "pods" && !f.unsent && m.p != nil {
-		// A pod read is made for the create of the one entry in flight
-		// (the model runs one write at a time) and takes its bucket's token.
-		m.p.mu.Lock()
-		for _, e := range m.p.pendingEntries() {
-			if e.inflight {
-				r.reason = e.key.level.reason()
+	if r.resource == "pods" && !f.unsent && m.h != nil {
+		// A pod read is made for the create of one entry, and takes the
+		// token of that entry's bucket. The stepped model sends from the
+		// goroutine that owns the scheduler, so it may look.
+		for _, fl := range m.h.s.flights {
+			if fl.read {
+				r.reason = bucketName(fl.bucket)
 			}
 		}
-		m.p.mu.Unlock()
 		m.podReads = append(m.podReads, r)
 	}
 	return f
 }
 
-// step feeds lines, maybe reloads or expires, moves the clock, runs what
-// is due and checks the contract.
+// bucketName names a bucket: its reason, or "ends" for the bucket the
+// ends of both levels share.
+func bucketName(b level) string {
+	if b == endBucket {
+		return "ends"
+	}
+	return b.reason()
+}
+
+// inspect runs f with the scheduler in the goroutine that owns it: the
+// model's own in the stepped model, the pipeline's run in the concurrent
+// one (or the test's, once run has returned).
+func (m *model) inspect(f func(s *scheduler)) {
+	if m.p == nil {
+		f(m.h.s)
+		return
+	}
+	done := make(chan struct{})
+	if m.p.post(context.Background(), func(time.Time) { f(m.p.sched); close(done) }) {
+		<-done
+		return
+	}
+	f(m.p.sched)
+}
+
+// step feeds lines, maybe reloads or expires, moves the clock, does what is
+// due meanwhile and checks the contract.
 func (m *model) step() error {
 	m.stats.steps++
 	if m.rng.IntN(4) == 0 {
@@ -244,7 +265,7 @@ func (m *model) step() error {
 	for range m.rng.IntN(12) {
 		m.line()
 	}
-	m.correlate()
+	m.h.take()
 	switch r := m.rng.IntN(40); {
 	case r < 3:
 		cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
@@ -256,7 +277,7 @@ func (m *model) step() error {
 		}
 		cfg.quiet = m.quiet
 		m.maxBurst, m.maxQPS = max(m.maxBurst, cfg.burst), max(m.maxQPS, cfg.qps)
-		m.p.apply(cfg, m.api.client)
+		m.h.apply(cfg)
 		m.stats.reloads++
 	case r < 5:
 		m.expired += m.api.expire()
@@ -266,8 +287,7 @@ func (m *model) step() error {
 			return err
 		}
 	}
-	m.clk.Step(time.Duration(1+m.rng.IntN(90)) * time.Second)
-	m.due()
+	m.h.advance(time.Duration(1+m.rng.IntN(90)) * time.Second)
 	return m.check()
 }
 
@@ -283,90 +303,57 @@ func (m *model) line() {
 	}
 	switch modelLevels[m.rng.IntN(len(modelLevels))] {
 	case levelError:
-		m.p.Error(plugin, text)
+		m.h.Error(plugin, text)
 	case levelWarning:
-		m.p.Warning(plugin, text)
+		m.h.Warning(plugin, text)
 	default:
-		m.p.Infof(plugin, "%s", text)
+		m.h.Infof(plugin, "%s", text)
 	}
 	m.fed++
 	m.stats.lines++
 }
 
-// correlate does the correlator's work for the lines queued.
-func (m *model) correlate() {
-	for len(m.p.lines) > 0 {
-		m.p.observe(<-m.p.lines)
-	}
-}
-
-// fatal logs a fatal line: it must return within the fatal time.
+// fatal logs a fatal line: it is written before the listener returns,
+// whatever else is in flight.
 func (m *model) fatal() error {
-	m.realTime = true
-	defer func() { m.realTime = false }()
 	start := time.Now()
-	m.p.Fatal("plugin/reload: ", "cannot go on")
+	m.h.Fatal("plugin/reload: ", "cannot go on")
 	m.fed++
 	m.stats.fatals++
-	if took := time.Since(start); took > m.p.fatalTimeout+time.Second {
-		return fmt.Errorf("a fatal line took %v, fatal time %v", took, m.p.fatalTimeout)
+	if took := time.Since(start); took > fatalTimeout+time.Second {
+		return fmt.Errorf("a fatal line took %v, fatal time %v", took, fatalTimeout)
 	}
 	return nil
 }
 
-// due runs every entry whose time has come, in a fixed order: those with
-// lines pending, the ends, and the written storms waiting for their quiet
-// (the work queue's timers).
-func (m *model) due() {
-	m.p.mu.Lock()
-	es := append(m.p.pendingEntries(), m.p.endEntries()...)
-	for _, e := range m.p.cache.Values() {
-		if e.pending() == 0 && !e.evicted {
-			es = append(es, e)
-		}
-	}
-	m.p.mu.Unlock()
-	m.run(es)
-	// The ends that storms reached in this pass are queued at once.
-	m.p.mu.Lock()
-	var ends []*entry
-	for _, e := range m.p.endEntries() {
-		if e.retryAt.IsZero() && e.failures == 0 {
-			ends = append(ends, e)
-		}
-	}
-	m.p.mu.Unlock()
-	m.run(ends)
-}
-
-// run syncs the entries whose time has come, in order.
-func (m *model) run(es []*entry) {
-	for _, e := range es {
-		m.p.mu.Lock()
-		ready := !e.retryAt.After(m.clk.Now())
-		m.p.mu.Unlock()
-		if ready {
-			m.p.sync(e)
-		}
-	}
-}
-
-// check holds the contract at a quiet moment: no write in flight, no line
-// between the listener and the correlator.
+// check holds the contract. Requests still in flight (those that hang
+// until their time-out) blur it as answers that never came do: each may
+// land with the lines it carries.
 func (m *model) check() error {
 	d := readLedger().since(m.before)
 	live := countsIn(m.api)
-	m.p.mu.Lock()
 	var doubt float64
-	for _, e := range m.p.pendingEntries() {
-		if e.doubt > 0 {
-			doubt += float64(min(e.doubt-e.carried, e.pending()))
+	var settling, cached, cacheSize, ends int
+	m.inspect(func(s *scheduler) {
+		for e := range s.active {
+			if e.doubt > 0 {
+				doubt += float64(min(e.doubt-e.carried, e.pending()))
+			}
 		}
-	}
-	doubt += float64(m.p.doubtful)
-	settling, cached, cacheSize := len(m.p.settling), m.p.cache.Len(), m.p.cacheSize
-	ends := len(m.p.ends)
-	m.p.mu.Unlock()
+		for _, f := range s.flights {
+			if f.e != nil && f.e.end == nil && !f.read {
+				doubt += float64(min(f.e.base+f.count-f.e.carried, f.e.pending()))
+			}
+		}
+		doubt += float64(s.doubtful)
+		settling, cached, cacheSize = len(s.settling), s.corr.len(), s.set.cacheSize
+		for e := range s.settling {
+			if e.inflight != 0 {
+				settling-- // a shrink leaves it until its answer is back
+			}
+		}
+		ends = len(s.ends.list)
+	})
 
 	// An end is written once: retries of a create that got no answer take
 	// its name again, and no end is said twice.
@@ -378,7 +365,7 @@ func (m *model) check() error {
 			return fmt.Errorf("end event %q of type %s, count %d", ev.Message, ev.Type, ev.Count)
 		}
 		said := ev.Reason + " " + ev.Message
-		if _, ok := m.endNames[said]; !ok && m.quiet == 0 {
+		if _, ok := m.endNames[said]; !ok && m.quiet == 0 && m.p == nil {
 			// The check runs after every step: an end it has not seen was
 			// written since, and quiet is off since before that.
 			return fmt.Errorf("end event %q with quiet off", ev.Message)
@@ -413,26 +400,30 @@ func (m *model) check() error {
 	return m.checkBound()
 }
 
-// checkBound: the requests made for the events of one reason that reached
+// checkBound: the requests made for the events of one bucket that reached
 // the API, pod reads included, over any interval T, are at most BURST +
 // QPS x T.
 func (m *model) checkBound() error {
 	m.api.mu.Lock()
-	byReason := map[string][]time.Time{}
+	byBucket := map[string][]time.Time{}
 	for _, r := range m.api.requests {
 		if r.resource == "events" {
-			byReason[r.reason] = append(byReason[r.reason], r.at)
+			b := r.reason
+			if strings.HasSuffix(b, "Ended") {
+				b = "ends"
+			}
+			byBucket[b] = append(byBucket[b], r.at)
 		}
 	}
 	for _, r := range m.podReads {
 		if r.reason == "" {
 			m.api.mu.Unlock()
-			return fmt.Errorf("a pod read at %v with no event in flight", r.at)
+			return fmt.Errorf("a pod read at %v made for no event", r.at)
 		}
-		byReason[r.reason] = append(byReason[r.reason], r.at)
+		byBucket[r.reason] = append(byBucket[r.reason], r.at)
 	}
 	m.api.mu.Unlock()
-	for reason, at := range byReason {
+	for reason, at := range byBucket {
 		sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
 		for i := range at {
 			for j := i; j < len(at); j++ {
@@ -445,49 +436,55 @@ func (m *model) checkBound() error {
 	return nil
 }
 
+// recoveryBound is how long after the API server's return every pending
+// event whose bucket has a token is written: a request sent just before
+// may still take its time-out, and a failure then backs off at most one
+// maximal backoff and its jitter.
+const recoveryBound = writeTimeout + retryMax + retryMax/5
+
 // recover brings the API back for good and checks that every pending
-// event lands within one maximal backoff and its jitter, as far as the
-// tokens allow.
+// event lands within recoveryBound, as far as the tokens allow.
 func (m *model) recover() error {
 	m.mode = apiHealthy
 	back := m.clk.Now()
-	for m.clk.Since(back) <= retryMax+retryMax/5+time.Second {
-		m.clk.Step(time.Second)
-		m.due()
-	}
-	m.p.mu.Lock()
-	defer m.p.mu.Unlock()
-	for _, e := range m.p.pendingEntries() {
-		l := e.key.level
-		if tokens := m.p.buckets[l].TokensAt(m.clk.Now()); tokens >= 1 {
-			return fmt.Errorf("%v after the API came back, %q is pending with %d lines and %.2f %s tokens",
-				m.clk.Since(back), e.key.message, e.pending(), tokens, l.reason())
-		}
-	}
-	for _, e := range m.p.endEntries() {
-		if tokens := m.p.buckets[endBucket].TokensAt(m.clk.Now()); tokens >= 1 {
-			return fmt.Errorf("%v after the API came back, the end %q waits with %.2f end tokens; retry in %v, %d failures",
-				m.clk.Since(back), e.end.message, tokens, e.retryAt.Sub(m.clk.Now()), e.failures)
-		}
-	}
-	return nil
+	m.h.advance(recoveryBound)
+	return m.recovered(back)
 }
 
-// stop shuts the pipeline down, with the API in the mode it is in: the
-// flush is bounded, and on a healthy API it writes every pending event
-// whose bucket has a token.
+// recovered checks, once recoveryBound has passed since back, that nothing
+// whose bucket has a token waits.
+func (m *model) recovered(back time.Time) (err error) {
+	m.inspect(func(s *scheduler) {
+		now := m.clk.Now()
+		for _, e := range s.order() {
+			if e.pending() == 0 || e.dropped > 0 || e.inflight != 0 {
+				continue
+			}
+			b := bucketOf(e)
+			if tokens := s.buckets[b].wait(now); tokens == 0 {
+				err = fmt.Errorf("%v after the API came back, %q is pending with %d lines and a %s token; retry in %v, %d failures, pod read due %v",
+					m.clk.Since(back), e.key.message, e.pending(), bucketName(b), e.retryAt.Sub(now), e.failures, s.pod.nextTry.Sub(now))
+				return
+			}
+		}
+		for _, e := range s.ends.list {
+			if e.inflight == 0 && s.buckets[endBucket].wait(now) == 0 {
+				err = fmt.Errorf("%v after the API came back, the end %q waits with an end token; retry in %v, %d failures",
+					m.clk.Since(back), e.end.message, e.retryAt.Sub(now), e.failures)
+				return
+			}
+		}
+	})
+	return err
+}
+
+// stop runs the flush with the API in the mode it is in: it ends by its
+// deadline, and on a healthy API it writes every pending event whose bucket
+// has a token.
 func (m *model) stop() error {
 	m.stats.stops++
-	m.p.mu.Lock()
-	pending := m.p.pendingEntries()
-	m.p.mu.Unlock()
-	const timeout = 50 * time.Millisecond
-	m.realTime = true
-	start := time.Now()
-	m.p.stop(timeout)
-	if took := time.Since(start); took > timeout+2*time.Second {
-		return fmt.Errorf("stop took %v, flush time %v", took, timeout)
-	}
+	pending := m.h.pendingEntries()
+	m.h.stop(flushTimeout)
 	if err := m.check(); err != nil {
 		return fmt.Errorf("after stop: %w", err)
 	}
@@ -499,14 +496,13 @@ func (m *model) stop() error {
 	if d := readLedger().since(m.before); d.pending != 0 {
 		return fmt.Errorf("%v lines still pending after stop", d.pending)
 	}
-	if m.mode != apiHealthy || time.Since(start) >= timeout {
+	if m.mode != apiHealthy {
 		return nil
 	}
 	for _, e := range pending {
-		l := e.key.level
-		if e.dropped > 0 && m.p.buckets[l].TokensAt(m.clk.Now()) >= 1 {
-			return fmt.Errorf("%q was dropped at a healthy stop (took %v) with %.3f %s tokens left, %d reserved; entry %+v",
-				e.key.message, time.Since(start), m.p.buckets[l].TokensAt(m.clk.Now()), l.reason(), m.p.reserved[l], *e)
+		b := bucketOf(e)
+		if e.dropped > 0 && m.h.s.buckets[b].wait(m.clk.Now()) == 0 {
+			return fmt.Errorf("%q was dropped at a healthy stop with a %s token left; entry %+v", e.key.message, bucketName(b), *e)
 		}
 	}
 	return nil

@@ -24,7 +24,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if cfg.levels == 0 || cfg.levels&^allLevels != 0 {
+		if cfg.levels == 0 || cfg.levels&^all != 0 {
 			t.Errorf("%q: levels out of range: %b", input, cfg.levels)
 		}
 		if !(cfg.qps > 0 && cfg.qps <= maxQPS) {

@@ -1,7 +1,10 @@
 package k8s_event
 
 import (
+	"sync/atomic"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // level is a CoreDNS log level that can become an event reason.
@@ -56,7 +59,7 @@ func (s levelSet) String() string {
 // ignored all the same, so that no event can ever beget another.
 const ownPrefix = "plugin/" + pluginName + ": "
 
-// line is one captured log line on its way to the correlator.
+// line is one captured log line on its way to the scheduler.
 type line struct {
 	level  level
 	plugin string // as CoreDNS passes it: "plugin/NAME: "
@@ -72,80 +75,98 @@ type line struct {
 // formatting of the line then finds the room.
 const lineBuffer = 512
 
+// listener is the CoreDNS log listener: it runs inside whatever goroutine
+// logged, often a DNS query, and only hands lines to the scheduler's
+// goroutine. A fatal line, which cannot wait (CoreDNS exits right after the
+// listeners return), goes to fatal, which writes it at once.
+type listener struct {
+	levels atomic.Uint32 // levelSet
+	clock  clock.PassiveClock
+	lines  chan line
+	fatal  func(line)
+}
+
+func newListener(clk clock.PassiveClock, fatal func(line)) *listener {
+	return &listener{clock: clk, lines: make(chan line, queueSize), fatal: fatal}
+}
+
+// queueSize bounds the lines waiting between the listener and the scheduler.
+const queueSize = 1024
+
 // capture is the listener's only work. It runs inside whatever goroutine
 // logged, often a DNS query. A line at a level that is off costs a bit test:
 // capture is small enough to be inlined into each listener method.
-func (p *pipeline) capture(l level, plugin string, format string, formatted bool, v []any) {
-	if levelSet(p.levels.Load()).has(l) {
-		p.take(l, plugin, format, formatted, v)
+func (h *listener) capture(l level, plugin string, format string, formatted bool, v []any) {
+	if levelSet(h.levels.Load()).has(l) {
+		h.take(l, plugin, format, formatted, v)
 	}
 }
 
 // take formats a line and hands it off without blocking. It takes no lock,
 // does no I/O and never logs.
-func (p *pipeline) take(l level, plugin string, format string, formatted bool, v []any) {
+func (h *listener) take(l level, plugin string, format string, formatted bool, v []any) {
 	if plugin == ownPrefix {
 		return
 	}
 	var stack [lineBuffer]byte
 	buf := appendLine(append(stack[:0], plugin...), format, formatted, v)
-	ln := line{level: l, plugin: plugin, text: string(buf), at: p.clock.Now()}
+	ln := line{level: l, plugin: plugin, text: string(buf), at: h.clock.Now()}
 	linesTotal[l].Inc()
 
 	if l == levelFatal {
 		// CoreDNS calls os.Exit right after the listeners return.
-		p.writeFatal(ln)
+		h.fatal(ln)
 		return
 	}
 	select {
-	case p.lines <- ln:
+	case h.lines <- ln:
 	default:
 		droppedTotal[dropQueueFull].Inc()
 	}
 }
 
-// The methods below make a pipeline a CoreDNS log listener (plugin/pkg/log.Listener).
+// The methods below make a listener a CoreDNS log listener (plugin/pkg/log.Listener).
 
 // Name implements log.Listener. One name for the whole process: registering
 // again replaces, it never adds a second listener.
-func (p *pipeline) Name() string { return pluginName }
+func (h *listener) Name() string { return pluginName }
 
 // Debug implements log.Listener.
-func (p *pipeline) Debug(plugin string, v ...any) { p.capture(levelDebug, plugin, "", false, v) }
+func (h *listener) Debug(plugin string, v ...any) { h.capture(levelDebug, plugin, "", false, v) }
 
 // Debugf implements log.Listener.
-func (p *pipeline) Debugf(plugin, format string, v ...any) {
-	p.capture(levelDebug, plugin, format, true, v)
+func (h *listener) Debugf(plugin, format string, v ...any) {
+	h.capture(levelDebug, plugin, format, true, v)
 }
 
 // Info implements log.Listener.
-func (p *pipeline) Info(plugin string, v ...any) { p.capture(levelInfo, plugin, "", false, v) }
+func (h *listener) Info(plugin string, v ...any) { h.capture(levelInfo, plugin, "", false, v) }
 
 // Infof implements log.Listener.
-func (p *pipeline) Infof(plugin, format string, v ...any) {
-	p.capture(levelInfo, plugin, format, true, v)
+func (h *listener) Infof(plugin, format string, v ...any) {
+	h.capture(levelInfo, plugin, format, true, v)
 }
 
 // Warning implements log.Listener.
-func (p *pipeline) Warning(plugin string, v ...any) { p.capture(levelWarning, plugin, "", false, v) }
+func (h *listener) Warning(plugin string, v ...any) { h.capture(levelWarning, plugin, "", false, v) }
 
 // Warningf implements log.Listener.
-func (p *pipeline) Warningf(plugin, format string, v ...any) {
-	p.capture(levelWarning, plugin, format, true, v)
+func (h *listener) Warningf(plugin, format string, v ...any) {
+	h.capture(levelWarning, plugin, format, true, v)
 }
 
 // Error implements log.Listener.
-func (p *pipeline) Error(plugin string, v ...any) { p.capture(levelError, plugin, "", false, v) }
+func (h *listener) Error(plugin string, v ...any) { h.capture(levelError, plugin, "", false, v) }
 
 // Errorf implements log.Listener.
-func (p *pipeline) Errorf(plugin, format string, v ...any) {
-	p.capture(levelError, plugin, format, true, v)
+func (h *listener) Errorf(plugin, format string, v ...any) {
+	h.capture(levelError, plugin, format, true, v)
 }
 
 // Fatal implements log.Listener.
-func (p *pipeline) Fatal(plugin string, v ...any) { p.capture(levelFatal, plugin, "", false, v) }
+func (h *listener) Fatal(plugin string, v ...any) { h.capture(levelFatal, plugin, "", false, v) }
 
 // Fatalf implements log.Listener.
-func (p *pipeline) Fatalf(plugin, format string, v ...any) {
-	p.capture(levelFatal, plugin, format, true, v)
+func (h *listener) Fatalf(plugin, format string, v ...any) {
+	h.capture(levelFatal, plugin, format, true, v)
 }

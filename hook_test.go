@@ -4,34 +4,38 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	clog "github.com/coredns/coredns/plugin/pkg/log"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"k8s.io/apimachinery/pkg/util/validation"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
-var _ clog.Listener = (*pipeline)(nil)
-
-const allLevels = levelSet(1<<numLevels - 1)
+var _ clog.Listener = (*listener)(nil)
 
 // notAFormat is a log message with verbs in it, as a DNS name or an error text
 // can have; a variable, so that vet lets it through a Print call.
 var notAFormat = "100%d done %s"
 
-// nextLine takes the line waiting on p.lines, failing when there is none.
-func nextLine(t *testing.T, p *pipeline) line {
+// testListener is a listener on a fake clock at epoch, taking levels; the
+// fatal lines it hands over are collected in fatals.
+func testListener(levels levelSet) (*listener, *[]line) {
+	var fatals []line
+	h := newListener(clocktesting.NewFakeClock(epoch), func(ln line) { fatals = append(fatals, ln) })
+	h.levels.Store(uint32(levels))
+	return h, &fatals
+}
+
+// nextLine takes the line waiting on h.lines, failing when there is none.
+func nextLine(t *testing.T, h *listener) line {
 	t.Helper()
 	select {
-	case ln := <-p.lines:
+	case ln := <-h.lines:
 		return ln
 	default:
-		t.Fatal("expected a line on p.lines, found none")
+		t.Fatal("expected a line on the hand-off, found none")
 		return line{}
 	}
 }
@@ -46,8 +50,8 @@ func linesCounted() [numLevels]float64 {
 }
 
 func TestListenerName(t *testing.T) {
-	p, _, _ := newTestPipeline(t, testConfig(defaultLevels, 1, 1, 16))
-	if got := p.Name(); got != "k8s_event" {
+	h, _ := testListener(defaultLevels)
+	if got := h.Name(); got != "k8s_event" {
 		t.Errorf("expected name %q, got %q", "k8s_event", got)
 	}
 }
@@ -56,28 +60,28 @@ func TestListenerMethods(t *testing.T) {
 	const prefix = "plugin/errors: "
 	tests := []struct {
 		name     string
-		log      func(p *pipeline)
+		log      func(h *listener)
 		level    level
 		expected string
 	}{
-		{"Debug", func(p *pipeline) { p.Debug(prefix, "a", 1, 2, "b") }, levelDebug, prefix + fmt.Sprint("a", 1, 2, "b")},
-		{"Debugf", func(p *pipeline) { p.Debugf(prefix, "%d %s", 2, "x") }, levelDebug, prefix + "2 x"},
-		{"Info", func(p *pipeline) { p.Info(prefix, "a", 1, 2, "b") }, levelInfo, prefix + fmt.Sprint("a", 1, 2, "b")},
-		{"Infof", func(p *pipeline) { p.Infof(prefix, "%d %s", 2, "x") }, levelInfo, prefix + "2 x"},
-		{"Warning", func(p *pipeline) { p.Warning(prefix, "a", 1, 2, "b") }, levelWarning, prefix + fmt.Sprint("a", 1, 2, "b")},
-		{"Warningf", func(p *pipeline) { p.Warningf(prefix, "%d %s", 2, "x") }, levelWarning, prefix + "2 x"},
-		{"Error", func(p *pipeline) { p.Error(prefix, "a", 1, 2, "b") }, levelError, prefix + fmt.Sprint("a", 1, 2, "b")},
-		{"Errorf", func(p *pipeline) { p.Errorf(prefix, "%d %s", 2, "x") }, levelError, prefix + "2 x"},
-		{"Error verbatim", func(p *pipeline) { p.Error(prefix, "100%d done %s") }, levelError, prefix + "100%d done %s"},
-		{"Errorf missing operand", func(p *pipeline) { p.Errorf(prefix, "%d") }, levelError, prefix + "%!d(MISSING)"},
-		{"Error no operand", func(p *pipeline) { p.Error(prefix) }, levelError, prefix},
+		{"Debug", func(h *listener) { h.Debug(prefix, "a", 1, 2, "b") }, levelDebug, prefix + fmt.Sprint("a", 1, 2, "b")},
+		{"Debugf", func(h *listener) { h.Debugf(prefix, "%d %s", 2, "x") }, levelDebug, prefix + "2 x"},
+		{"Info", func(h *listener) { h.Info(prefix, "a", 1, 2, "b") }, levelInfo, prefix + fmt.Sprint("a", 1, 2, "b")},
+		{"Infof", func(h *listener) { h.Infof(prefix, "%d %s", 2, "x") }, levelInfo, prefix + "2 x"},
+		{"Warning", func(h *listener) { h.Warning(prefix, "a", 1, 2, "b") }, levelWarning, prefix + fmt.Sprint("a", 1, 2, "b")},
+		{"Warningf", func(h *listener) { h.Warningf(prefix, "%d %s", 2, "x") }, levelWarning, prefix + "2 x"},
+		{"Error", func(h *listener) { h.Error(prefix, "a", 1, 2, "b") }, levelError, prefix + fmt.Sprint("a", 1, 2, "b")},
+		{"Errorf", func(h *listener) { h.Errorf(prefix, "%d %s", 2, "x") }, levelError, prefix + "2 x"},
+		{"Error verbatim", func(h *listener) { h.Error(prefix, notAFormat) }, levelError, prefix + "100%d done %s"},
+		{"Errorf missing operand", func(h *listener) { h.Errorf(prefix, "%d") }, levelError, prefix + "%!d(MISSING)"},
+		{"Error no operand", func(h *listener) { h.Error(prefix) }, levelError, prefix},
 	}
 	for _, test := range tests {
-		p, _, _ := newTestPipeline(t, testConfig(allLevels, 1, 1, 16))
+		h, fatals := testListener(all)
 		before := linesCounted()
-		test.log(p)
+		test.log(h)
 
-		ln := nextLine(t, p)
+		ln := nextLine(t, h)
 		if ln.level != test.level {
 			t.Errorf("%s: expected level %s, got %s", test.name, test.level, ln.level)
 		}
@@ -90,8 +94,11 @@ func TestListenerMethods(t *testing.T) {
 		if !ln.at.Equal(epoch) {
 			t.Errorf("%s: expected time %v, got %v", test.name, epoch, ln.at)
 		}
-		if n := len(p.lines); n != 0 {
+		if n := len(h.lines); n != 0 {
 			t.Errorf("%s: expected one line, got %d more", test.name, n)
+		}
+		if len(*fatals) != 0 {
+			t.Errorf("%s: a line handed over as fatal", test.name)
 		}
 		if d := linesCounted()[test.level] - before[test.level]; d != 1 {
 			t.Errorf("%s: expected lines_total{level=%q} to grow by 1, grew by %v", test.name, test.level, d)
@@ -99,26 +106,27 @@ func TestListenerMethods(t *testing.T) {
 	}
 }
 
-// A fatal line is written at once: CoreDNS exits when the listeners return.
+// A fatal line is written at once, in the goroutine that logged it:
+// CoreDNS exits when the listeners return.
 func TestListenerFatal(t *testing.T) {
 	for _, test := range []struct {
 		name string
-		log  func(p *pipeline)
+		log  func(h *harness)
 	}{
-		{"Fatal", func(p *pipeline) { p.Fatal("plugin/errors: ", "no ", "way 100%d") }},
-		{"Fatalf", func(p *pipeline) { p.Fatalf("plugin/errors: ", "no way %d%%d", 100) }},
+		{"Fatal", func(h *harness) { h.Fatal("plugin/errors: ", "no ", "way 100%d") }},
+		{"Fatalf", func(h *harness) { h.Fatalf("plugin/errors: ", "no way %d%%d", 100) }},
 	} {
-		p, client, _ := newTestPipeline(t, testConfig(allLevels, 1, 1, 16))
+		h, api, _ := newTestHarness(t, testConfig(all, 1, 1, 16))
 		before := linesCounted()
-		test.log(p)
+		test.log(h)
 
-		if n := len(p.lines); n != 0 {
+		if n := len(h.lines); n != 0 {
 			t.Errorf("%s: expected no line queued, got %d", test.name, n)
 		}
 		if d := linesCounted()[levelFatal] - before[levelFatal]; d != 1 {
 			t.Errorf("%s: expected lines_total{level=\"fatal\"} to grow by 1, grew by %v", test.name, d)
 		}
-		evs := events(t, client)
+		evs := events(t, api)
 		if len(evs) != 1 {
 			t.Fatalf("%s: expected 1 event, got %d", test.name, len(evs))
 		}
@@ -131,89 +139,93 @@ func TestListenerFatal(t *testing.T) {
 }
 
 func TestListenerLevelFilter(t *testing.T) {
-	p, client, _ := newTestPipeline(t, testConfig(levelsOf(levelError), 1, 1, 16))
+	h, api, _ := newTestHarness(t, testConfig(levelsOf(levelError), 1, 1, 16))
 	before := linesCounted()
 
-	p.Debug("plugin/errors: ", "x")
-	p.Debugf("plugin/errors: ", "%s", "x")
-	p.Info("plugin/errors: ", "x")
-	p.Infof("plugin/errors: ", "%s", "x")
-	p.Warning("plugin/errors: ", "x")
-	p.Warningf("plugin/errors: ", "%s", "x")
-	p.Fatal("plugin/errors: ", "x")
-	p.Fatalf("plugin/errors: ", "%s", "x")
+	h.Debug("plugin/errors: ", "x")
+	h.Debugf("plugin/errors: ", "%s", "x")
+	h.Info("plugin/errors: ", "x")
+	h.Infof("plugin/errors: ", "%s", "x")
+	h.Warning("plugin/errors: ", "x")
+	h.Warningf("plugin/errors: ", "%s", "x")
+	h.Fatal("plugin/errors: ", "x")
+	h.Fatalf("plugin/errors: ", "%s", "x")
 
-	if n := len(p.lines); n != 0 {
+	if n := len(h.lines); n != 0 {
 		t.Errorf("expected no line from disabled levels, got %d", n)
 	}
 	if after := linesCounted(); after != before {
 		t.Errorf("expected lines_total unchanged, went from %v to %v", before, after)
 	}
-	if evs := events(t, client); len(evs) != 0 {
+	if evs := events(t, api); len(evs) != 0 {
 		t.Errorf("expected no event, got %d", len(evs))
 	}
 
-	p.Error("plugin/errors: ", "x")
-	if ln := nextLine(t, p); ln.level != levelError {
+	h.Error("plugin/errors: ", "x")
+	if ln := nextLine(t, h.listener); ln.level != levelError {
 		t.Errorf("expected an error line, got %s", ln.level)
 	}
 
-	// Levels follow apply, as on a reload.
-	p.apply(testConfig(levelsOf(levelInfo), 1, 1, 16), client.client)
-	p.Error("plugin/errors: ", "x")
-	p.Info("plugin/errors: ", "x")
-	if ln := nextLine(t, p); ln.level != levelInfo {
+	// Levels follow a reload.
+	h.apply(testConfig(levelsOf(levelInfo), 1, 1, 16))
+	h.Error("plugin/errors: ", "x")
+	h.Info("plugin/errors: ", "x")
+	if ln := nextLine(t, h.listener); ln.level != levelInfo {
 		t.Errorf("expected an info line, got %s", ln.level)
 	}
-	if n := len(p.lines); n != 0 {
+	if n := len(h.lines); n != 0 {
 		t.Errorf("expected no more lines, got %d", n)
 	}
 }
 
+// TestListenerOwnPrefix: a line with the plugin's own prefix is ignored,
+// so that no event can ever beget another.
 func TestListenerOwnPrefix(t *testing.T) {
-	p, client, _ := newTestPipeline(t, testConfig(allLevels, 1, 1, 16))
+	h, api, _ := newTestHarness(t, testConfig(all, 1, 1, 16))
 	before := linesCounted()
 
-	p.Error(ownPrefix, "x")
-	p.Errorf(ownPrefix, "%s", "x")
-	p.Warning("plugin/k8s_event: ", "x")
-	p.Fatal(ownPrefix, "x")
+	h.Error(ownPrefix, "x")
+	h.Errorf(ownPrefix, "%s", "x")
+	h.Warning("plugin/k8s_event: ", "x")
+	h.Fatal(ownPrefix, "x")
 
-	if n := len(p.lines); n != 0 {
+	if n := len(h.lines); n != 0 {
 		t.Errorf("expected the plugin's own lines to be ignored, got %d", n)
 	}
 	if after := linesCounted(); after != before {
 		t.Errorf("expected lines_total unchanged, went from %v to %v", before, after)
 	}
-	if evs := events(t, client); len(evs) != 0 {
+	if evs := events(t, api); len(evs) != 0 {
 		t.Errorf("expected no event, got %d", len(evs))
 	}
 }
 
 func TestListenerKeepsEachText(t *testing.T) {
-	p, _, _ := newTestPipeline(t, testConfig(allLevels, 1, 1, 16))
-	p.Error("plugin/errors: ", "first")
-	p.Error("plugin/errors: ", "second")
-	p.Error("plugin/errors: ", strings.Repeat("z", 100<<10))
-	p.Error("plugin/errors: ", "third")
+	h, _ := testListener(all)
+	h.Error("plugin/errors: ", "first")
+	h.Error("plugin/errors: ", "second")
+	h.Error("plugin/errors: ", strings.Repeat("z", 100<<10))
+	h.Error("plugin/errors: ", "third")
 	for _, want := range []string{"first", "second", strings.Repeat("z", 100<<10), "third"} {
-		if ln := nextLine(t, p); ln.text != "plugin/errors: "+want {
+		if ln := nextLine(t, h); ln.text != "plugin/errors: "+want {
 			t.Errorf("expected %.40q, got %.40q", "plugin/errors: "+want, ln.text)
 		}
 	}
 }
 
+// TestListenerQueueFull: the hand-off never blocks the goroutine that
+// logs; a line that finds it full is dropped, and counted.
 func TestListenerQueueFull(t *testing.T) {
-	p, _, _ := newTestPipeline(t, testConfig(levelsOf(levelError), 1, 1, 16))
-	for range cap(p.lines) {
-		p.Error("plugin/errors: ", "x")
+	h, _ := testListener(levelsOf(levelError))
+	for range cap(h.lines) {
+		h.Error("plugin/errors: ", "x")
 	}
 	dropped := testutil.ToFloat64(droppedTotal[dropQueueFull])
 	counted := testutil.ToFloat64(linesTotal[levelError])
 
 	done := make(chan struct{})
 	go func() {
-		p.Errorf("plugin/errors: ", "%s", "one too many")
+		h.Errorf("plugin/errors: ", "%s", "one too many")
 		close(done)
 	}()
 	select {
@@ -223,26 +235,26 @@ func TestListenerQueueFull(t *testing.T) {
 	}
 
 	if d := testutil.ToFloat64(droppedTotal[dropQueueFull]) - dropped; d != 1 {
-		t.Errorf("expected dropped_total{reason=%q} to grow by 1, grew by %v", dropQueueFull, d)
+		t.Errorf("expected dropped_total{cause=%q} to grow by 1, grew by %v", dropQueueFull, d)
 	}
 	if d := testutil.ToFloat64(linesTotal[levelError]) - counted; d != 1 {
 		t.Errorf("expected lines_total{level=\"error\"} to grow by 1, grew by %v", d)
 	}
-	if n := len(p.lines); n != cap(p.lines) {
-		t.Errorf("expected the queue to stay at %d, got %d", cap(p.lines), n)
+	if n := len(h.lines); n != cap(h.lines) {
+		t.Errorf("expected the queue to stay at %d, got %d", cap(h.lines), n)
 	}
 }
 
 // TestListenerRegistered goes through CoreDNS's own plugin logger.
 func TestListenerRegistered(t *testing.T) {
-	p, _, _ := newTestPipeline(t, testConfig(levelsOf(levelError, levelWarning), 1, 1, 16))
+	h, _ := testListener(levelsOf(levelError, levelWarning))
 	out := log.Writer()
 	log.SetOutput(io.Discard)
-	if err := clog.RegisterListener(p); err != nil {
+	if err := clog.RegisterListener(h); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		clog.DeregisterListener(p)
+		clog.DeregisterListener(h)
 		log.SetOutput(out)
 	})
 
@@ -261,184 +273,12 @@ func TestListenerRegistered(t *testing.T) {
 		{levelError, "plugin/errors: 100%d done %s"},
 		{levelWarning, "plugin/errors: example.org. 3"},
 	} {
-		ln := nextLine(t, p)
+		ln := nextLine(t, h)
 		if ln.level != want.level || ln.plugin != "plugin/errors: " || ln.text != want.text {
 			t.Errorf("expected %s %q, got %s %q (plugin %q)", want.level, want.text, ln.level, ln.text, ln.plugin)
 		}
 	}
-	if n := len(p.lines); n != 0 {
+	if n := len(h.lines); n != 0 {
 		t.Errorf("expected no more lines, got %d", n)
-	}
-}
-
-func TestEventMessage(t *testing.T) {
-	tests := []struct {
-		name     string
-		input    string
-		expected string
-	}{
-		{"empty", "", ""},
-		{"short", "plugin/errors: 2 example.org. A: i/o timeout", "plugin/errors: 2 example.org. A: i/o timeout"},
-		{"percent", "plugin/errors: 100%d done %s", "plugin/errors: 100%d done %s"},
-		{"trailing newline", "plugin/errors: x\n", "plugin/errors: x"},
-		{"trailing newlines", "plugin/errors: x\n\n", "plugin/errors: x"},
-		{"inner newline", "a\nb", "a\nb"},
-		{"invalid UTF-8", "a\xffb", "a\uFFFDb"},
-		{"invalid UTF-8 run", "a\xff\xfe\xfdb", "a\uFFFDb"},
-		{"truncated rune", "a\xe6\x97", "a\uFFFD"},
-		{"NUL", "a\x00b", "a\uFFFDb"},
-		{"NULs and invalid UTF-8", "\x00\xff\x00", "\uFFFD\uFFFD\uFFFD"},
-		{"exactly the limit", strings.Repeat("x", maxMessageBytes), strings.Repeat("x", maxMessageBytes)},
-		{"the limit and a newline", strings.Repeat("x", maxMessageBytes) + "\n", strings.Repeat("x", maxMessageBytes)},
-		{"one over the limit", strings.Repeat("x", maxMessageBytes+1), strings.Repeat("x", maxMessageBytes-len(truncMarker)) + truncMarker},
-	}
-	for _, test := range tests {
-		if got := eventMessage(test.input); got != test.expected {
-			t.Errorf("%s: expected %.60q, got %.60q", test.name, test.expected, got)
-		}
-	}
-}
-
-func TestEventMessageTruncated(t *testing.T) {
-	tests := []struct {
-		name  string
-		input string
-	}{
-		{"ASCII", strings.Repeat("x", 5000)},
-		{"2-byte runes", strings.Repeat("é", 2500)},
-		{"3-byte runes", strings.Repeat("日", 1700)},
-		{"4-byte runes", strings.Repeat("😀", 1300)},
-		{"mixed runes", strings.Repeat("aé日😀", 400)},
-		{"prefix shifts the runes", "plugin/errors: " + strings.Repeat("日", 1700)},
-		{"trailing newline", strings.Repeat("é", 2500) + "\n"},
-	}
-	for _, test := range tests {
-		got := eventMessage(test.input)
-		if len(got) > maxMessageBytes {
-			t.Errorf("%s: expected at most %d bytes, got %d", test.name, maxMessageBytes, len(got))
-		}
-		if len(got) < maxMessageBytes-(utf8.UTFMax-1) {
-			t.Errorf("%s: expected the cut to lose less than a rune, got %d bytes", test.name, len(got))
-		}
-		if !utf8.ValidString(got) {
-			t.Errorf("%s: expected valid UTF-8, got %q", test.name, got[len(got)-len(truncMarker)-8:])
-		}
-		kept, ok := strings.CutSuffix(got, truncMarker)
-		if !ok {
-			t.Errorf("%s: expected the message to end with %q, got %q", test.name, truncMarker, got[max(0, len(got)-20):])
-		}
-		if !strings.HasPrefix(test.input, kept) {
-			t.Errorf("%s: expected the kept part to be a prefix of the input", test.name)
-		}
-	}
-}
-
-// NUL bytes grow threefold into U+FFFD: the limit holds after replacing.
-func TestEventMessageReplacedThenTruncated(t *testing.T) {
-	for _, input := range []string{strings.Repeat("\x00", 1000), strings.Repeat("a\xff", 1000)} {
-		got := eventMessage(input)
-		if len(got) > maxMessageBytes || !utf8.ValidString(got) || strings.IndexByte(got, 0) >= 0 {
-			t.Errorf("%.20q: expected at most %d bytes of valid UTF-8 without NUL, got %d bytes", input, maxMessageBytes, len(got))
-		}
-		if !strings.HasSuffix(got, truncMarker) {
-			t.Errorf("%.20q: expected the message to end with %q", input, truncMarker)
-		}
-	}
-}
-
-// nameTime is the time encoded in an event name.
-func nameTime(t *testing.T, name string) int64 {
-	t.Helper()
-	i := strings.LastIndexByte(name, '.')
-	n, err := strconv.ParseInt(name[i+1:], 16, 64)
-	if err != nil {
-		t.Fatalf("name %q: %v", name, err)
-	}
-	return n
-}
-
-func TestEventNamesIncrease(t *testing.T) {
-	var names eventNames
-	seen := map[string]bool{}
-	last := int64(0)
-	times := []time.Time{epoch, epoch, epoch, epoch.Add(-time.Hour), epoch, epoch.Add(time.Nanosecond), epoch.Add(time.Second), epoch.Add(time.Second)}
-	for i, now := range times {
-		name := names.next("coredns-0", now)
-		if seen[name] {
-			t.Errorf("call %d: name %q given twice", i, name)
-		}
-		seen[name] = true
-		if !strings.HasPrefix(name, "coredns-0.") {
-			t.Errorf("call %d: expected %q to start with %q", i, name, "coredns-0.")
-		}
-		n := nameTime(t, name)
-		if n <= last {
-			t.Errorf("call %d: expected %q to sort after the last name (%x)", i, name, last)
-		}
-		if n < now.UnixNano() {
-			t.Errorf("call %d: expected %q not to be before %v", i, name, now)
-		}
-		last = n
-	}
-	if first := names.next("x", epoch.Add(time.Minute)); nameTime(t, first) != epoch.Add(time.Minute).UnixNano() {
-		t.Errorf("expected the name to follow the clock once it is ahead, got %q", first)
-	}
-}
-
-func TestEventNamesLong(t *testing.T) {
-	long := func(sep string) string { return strings.Repeat("a", 235) + sep + strings.Repeat("b", 14) }
-	tests := []struct {
-		name   string
-		object string
-	}{
-		{"short", "coredns-0"},
-		{"253 letters", strings.Repeat("a", 253)},
-		{"250 letters", strings.Repeat("a", 250)},
-		{"cut on a dash", long("-")},
-		{"cut on a dot", long(".")},
-		{"labels", strings.Repeat(strings.Repeat("c", 62)+".", 4)[:250]},
-	}
-	for _, test := range tests {
-		if errs := validation.IsDNS1123Subdomain(test.object); len(errs) != 0 {
-			t.Fatalf("%s: the object name is not valid itself: %v", test.name, errs)
-		}
-		var names eventNames
-		got := map[string]bool{}
-		for range 3 {
-			name := names.next(test.object, epoch)
-			if len(name) > maxNameLen {
-				t.Errorf("%s: expected at most %d characters, got %d", test.name, maxNameLen, len(name))
-			}
-			if errs := validation.IsDNS1123Subdomain(name); len(errs) != 0 {
-				t.Errorf("%s: %q is not a DNS subdomain: %v", test.name, name, errs)
-			}
-			if got[name] {
-				t.Errorf("%s: name %q given twice", test.name, name)
-			}
-			got[name] = true
-		}
-	}
-}
-
-func TestEventNamesConcurrent(t *testing.T) {
-	var names eventNames
-	const goroutines, each = 4, 500
-	got := make(chan string, goroutines*each)
-	var wg sync.WaitGroup
-	for range goroutines {
-		wg.Go(func() {
-			for range each {
-				got <- names.next("coredns-0", epoch)
-			}
-		})
-	}
-	wg.Wait()
-	close(got)
-	seen := map[string]bool{}
-	for name := range got {
-		if seen[name] {
-			t.Fatalf("name %q given twice", name)
-		}
-		seen[name] = true
 	}
 }

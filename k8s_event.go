@@ -2,19 +2,23 @@
 // plugins into Kubernetes Events on the CoreDNS pod, so that `kubectl get
 // events` and `kubectl describe pod` show what CoreDNS logged.
 //
-// The work is split in three, and only the first runs on the DNS path:
+// Only the listener runs on the DNS path; one goroutine owns everything
+// else that decides what to write, and writers only do I/O:
 //
 //	listener (hook.go)         level test, format, non-blocking hand-off
-//	correlator (correlator.go) one LRU of events: repeats counted, storms
+//	pipeline (pipeline.go)     the goroutine that runs the scheduler, the
+//	                           writers' goroutines, the fatal path, stop
+//	scheduler (scheduler.go)   what to send next: order, backoff, Retry-After,
+//	                           settling, shutdown as a mode
+//	  correlator.go            one LRU of events: repeats counted, storms
 //	                           combined by shape (shape.go), eviction
-//	scheduler (ratelimit.go)   a token bucket per reason, backoff, the work queue
-//	writers (writer.go)        one request per token, Create or Patch
+//	  ratelimit.go             a token bucket per reason, and backoff
+//	  end.go                   when a storm is over, and its end event
+//	  pod.go                   the pod the events are about, and its UID
+//	writers (writer.go)        one HTTP request each, and what came of it
 //
-// end.go says when a storm is over, from the writers and the work queue's
-// timers. pipeline.go holds the state they share, who owns what, and the
-// lifecycle (start, reload, stop and the flush). Events are built in event.go;
-// account.go is the one place where lines move between seen, carried by a
-// write, and dropped.
+// Events are built in event.go; account.go is the one place where lines
+// move between seen, carried by a write, and dropped.
 //
 // One pipeline serves the whole process, whatever the number of server blocks
 // and across reloads: the broadcaster below attaches caddy instances to it and
@@ -276,7 +280,7 @@ func (b *broadcaster) reconcileLocked() (stopping, error) {
 	if b.p == nil {
 		b.p = newPipeline(cfg, client, podFromEnv(), b.clock)
 		b.p.start()
-		return stopping{}, clog.RegisterListener(b.p)
+		return stopping{}, clog.RegisterListener(b.p.listener)
 	}
 	b.p.apply(cfg, client)
 	return stopping{}, nil

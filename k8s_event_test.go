@@ -1,7 +1,6 @@
 package k8s_event
 
 import (
-	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -9,8 +8,6 @@ import (
 
 	"github.com/coredns/coredns/core/dnsserver"
 	clog "github.com/coredns/coredns/plugin/pkg/log"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -84,10 +81,12 @@ func waitGoroutines(t *testing.T, api *fakeAPI, baseline int) {
 
 var pluginLog = clog.NewWithPlugin("errors")
 
+// TestTwoBlocksOneEvent: two server blocks of one Corefile share one
+// pipeline and one listener: a line is one event, whatever the blocks.
 func TestTwoBlocksOneEvent(t *testing.T) {
 	b := newTestBroadcaster(t)
-	client := newFakeAPI(t, clock.RealClock{})
-	inst := newInstance(t, client, "k8s_event", "k8s_event {\n level info\n}")
+	api := newFakeAPI(t, clock.RealClock{})
+	inst := newInstance(t, api, "k8s_event", "k8s_event {\n level info\n}")
 	if err := b.attach(inst); err != nil {
 		t.Fatal(err)
 	}
@@ -97,17 +96,21 @@ func TestTwoBlocksOneEvent(t *testing.T) {
 	pluginLog.Error("one line")
 	pluginLog.Info("and one info")
 	b.detach(inst)
-	counts := waitEvents(t, client, func(map[string]int32) bool { return true })
+	counts := waitEvents(t, api, func(map[string]int32) bool { return true })
 	if counts["plugin/errors: one line"] != 1 || counts["plugin/errors: and one info"] != 1 || len(counts) != 2 {
 		t.Errorf("events %v, want each line once", counts)
 	}
 }
 
+// TestReloadKeepsOnePipeline: a reload hands the new settings to the
+// pipeline that runs, losing no line; the last detach stops it, and no
+// goroutine of it is left.
 func TestReloadKeepsOnePipeline(t *testing.T) {
 	b := newTestBroadcaster(t)
-	client := newFakeAPI(t, clock.RealClock{})
+	api := newFakeAPI(t, clock.RealClock{})
 	baseline := runtime.NumGoroutine()
-	old := newInstance(t, client, "k8s_event")
+	// Each line may be a write of its own: the rate lets every one through.
+	old := newInstance(t, api, "k8s_event {\n rate 1000 1000\n}")
 	if err := b.attach(old); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +118,7 @@ func TestReloadKeepsOnePipeline(t *testing.T) {
 	pluginLog.Error("before")
 	for range 100 {
 		// New instance's OnStartup, then the old one's OnShutdown.
-		next := newInstance(t, client, "k8s_event {\n level error info\n}")
+		next := newInstance(t, api, "k8s_event {\n level error info\n rate 1000 1000\n}")
 		if err := b.attach(next); err != nil {
 			t.Fatal(err)
 		}
@@ -127,46 +130,49 @@ func TestReloadKeepsOnePipeline(t *testing.T) {
 		t.Fatal("a reload replaced the pipeline")
 	}
 	pluginLog.Info("after")
-	waitEvents(t, client, func(c map[string]int32) bool {
+	waitEvents(t, api, func(c map[string]int32) bool {
 		return c["plugin/errors: before"] == 1 && c["plugin/errors: during"] == 100 && c["plugin/errors: after"] == 1
 	})
 	b.detach(old)
 	if b.p != nil {
 		t.Fatal("pipeline still running after the last detach")
 	}
-	waitGoroutines(t, client, baseline)
+	waitGoroutines(t, api, baseline)
 }
 
+// TestFailedReloadRestoresOldSettings: after a failed reload the instance
+// that keeps running has its settings back, and the one that never
+// started is forgotten.
 func TestFailedReloadRestoresOldSettings(t *testing.T) {
 	b := newTestBroadcaster(t)
-	client := newFakeAPI(t, clock.RealClock{})
+	api := newFakeAPI(t, clock.RealClock{})
 	baseline := runtime.NumGoroutine()
-	old := newInstance(t, client, "k8s_event {\n level error\n}")
+	old := newInstance(t, api, "k8s_event {\n level error\n}")
 	if err := b.attach(old); err != nil {
 		t.Fatal(err)
 	}
 	// The new instance starts up, then its servers fail: caddy forgets it
 	// and runs the old instance's OnRestartFailed.
-	failed := newInstance(t, client, "k8s_event {\n level info\n}")
+	failed := newInstance(t, api, "k8s_event {\n level info\n}")
 	if err := b.attach(failed); err != nil {
 		t.Fatal(err)
 	}
-	if !levelSet(b.p.levels.Load()).has(levelInfo) {
+	if !levelSet(b.p.listener.levels.Load()).has(levelInfo) {
 		t.Fatal("the new settings did not take over")
 	}
 	b.forgetAfter(old)
 	if len(b.attached) != 1 || b.attached[0] != old {
 		t.Fatalf("attached %v, want only the old instance", b.attached)
 	}
-	if got := levelSet(b.p.levels.Load()); got != 1<<levelError {
+	if got := levelSet(b.p.listener.levels.Load()); got != 1<<levelError {
 		t.Fatalf("levels %v after the failed reload, want error", got)
 	}
 	pluginLog.Error("still posting")
 	pluginLog.Info("not posted")
-	waitEvents(t, client, func(c map[string]int32) bool { return c["plugin/errors: still posting"] == 1 })
+	waitEvents(t, api, func(c map[string]int32) bool { return c["plugin/errors: still posting"] == 1 })
 	b.detach(old)
-	waitGoroutines(t, client, baseline)
-	if _, ok := waitEvents(t, client, func(map[string]int32) bool { return true })["plugin/errors: not posted"]; ok {
+	waitGoroutines(t, api, baseline)
+	if _, ok := waitEvents(t, api, func(map[string]int32) bool { return true })["plugin/errors: not posted"]; ok {
 		t.Error("an info line was posted with the old settings")
 	}
 }
@@ -180,78 +186,13 @@ func TestStartupNeedsKubeapi(t *testing.T) {
 	}
 }
 
-func TestWithoutPodEnvEventsGoToDefault(t *testing.T) {
-	t.Setenv(envPodName, "")
-	t.Setenv(envNamespace, "")
-	pod := podFromEnv()
-	if ref := pod.current(); ref.Kind != "Namespace" || ref.Name != "default" || pod.namespace() != "default" {
-		t.Errorf("reference %+v in %s", ref, pod.namespace())
-	}
-}
-
-func TestUIDLookedUpWhenMissing(t *testing.T) {
-	t.Setenv(envPodName, "coredns-1")
-	t.Setenv(envNamespace, "kube-system")
-	t.Setenv(envPodUID, "")
-	clk := clocktesting.NewFakeClock(epoch)
-	api := newFakeAPI(t, clk)
-	api.addPod(&corev1Pod)
-	p := newPipeline(testConfig(all, 1, 25, 16), api.client, podFromEnv(), clk)
-	t.Cleanup(func() { p.queue.ShutDown(); p.cancel() })
-	p.observe(ln(levelError, "errors", "x", epoch))
-	drain(p)
-	if ev := only(t, events(t, api)); ev.InvolvedObject.UID != corev1Pod.UID {
-		t.Errorf("uid %q, want %q", ev.InvolvedObject.UID, corev1Pod.UID)
-	}
-}
-
-// TestUIDLookupRetried: a pod read that fails for a cause that may pass
-// (500, 503, 408, 429) is tried again, and the event then carries the UID; one the
-// API answers for good (403, 400, 410, 422) is given up, and events go
-// without it.
-func TestUIDLookupRetried(t *testing.T) {
-	for _, tt := range []struct {
-		code    int
-		wantUID types.UID
-	}{
-		{http.StatusInternalServerError, corev1Pod.UID}, {http.StatusServiceUnavailable, corev1Pod.UID},
-		{http.StatusRequestTimeout, corev1Pod.UID}, {http.StatusTooManyRequests, corev1Pod.UID},
-		{http.StatusForbidden, ""}, {http.StatusBadRequest, ""}, {http.StatusGone, ""}, {http.StatusUnprocessableEntity, ""},
-	} {
-		clk := clocktesting.NewFakeClock(epoch)
-		api := newFakeAPI(t, clk)
-		api.addPod(&corev1Pod)
-		failed := false
-		api.setFault(func(r apiRequest) fault {
-			if r.resource == "pods" && !failed {
-				failed = true
-				return fault{code: tt.code}
-			}
-			return fault{}
-		})
-		pod := &podIdentity{}
-		ref := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: corev1Pod.Name, Namespace: corev1Pod.Namespace}
-		pod.ref.Store(&ref)
-		pod.lookup.Store(true)
-		p := newPipeline(testConfig(all, 100, 100, 16), api.client, pod, clk)
-		t.Cleanup(func() { p.queue.ShutDown(); p.cancel() })
-		p.observe(ln(levelError, "errors", "x", clk.Now()))
-		drain(p)
-		clk.Step(retryMax * 2)
-		due(p)
-		if ev := only(t, events(t, api)); ev.InvolvedObject.UID != tt.wantUID {
-			t.Errorf("pod read answered %d first: uid %q, want %q", tt.code, ev.InvolvedObject.UID, tt.wantUID)
-		}
-	}
-}
-
 // TestExitKeepsListeningThroughLameduck: on SIGTERM the shutdown hooks run
 // before the lameduck, while CoreDNS still answers and logs; what it logs
 // then must still become events, written when the process exits.
 func TestExitKeepsListeningThroughLameduck(t *testing.T) {
 	b := newTestBroadcaster(t)
-	client := newFakeAPI(t, clock.RealClock{})
-	inst := newInstance(t, client, "k8s_event")
+	api := newFakeAPI(t, clock.RealClock{})
+	inst := newInstance(t, api, "k8s_event")
 	if err := b.attach(inst); err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +204,7 @@ func TestExitKeepsListeningThroughLameduck(t *testing.T) {
 	if b.p != nil {
 		t.Fatal("pipeline still running after exit")
 	}
-	counts := waitEvents(t, client, func(map[string]int32) bool { return true })
+	counts := waitEvents(t, api, func(map[string]int32) bool { return true })
 	if counts["plugin/errors: before the signal"] != 1 || counts["plugin/errors: during the lameduck"] != 1 {
 		t.Errorf("events %v, want both lines", counts)
 	}
@@ -273,13 +214,43 @@ func TestExitKeepsListeningThroughLameduck(t *testing.T) {
 // reload's, and detaches at once.
 func TestReloadShutdownDetaches(t *testing.T) {
 	b := newTestBroadcaster(t)
-	client := newFakeAPI(t, clock.RealClock{})
-	inst := newInstance(t, client, "k8s_event")
+	api := newFakeAPI(t, clock.RealClock{})
+	inst := newInstance(t, api, "k8s_event")
 	if err := b.attach(inst); err != nil {
 		t.Fatal(err)
 	}
 	b.shutdown(inst)
 	if b.p != nil {
 		t.Fatal("pipeline still running after the last instance shut down")
+	}
+}
+
+// TestExitWithNothingAttached: the process-exit hook of a process whose
+// instances are all gone does nothing, and may run twice.
+func TestExitWithNothingAttached(t *testing.T) {
+	b := newTestBroadcaster(t)
+	b.exit()
+	b.exit()
+	if b.p != nil {
+		t.Fatal("exit started a pipeline")
+	}
+}
+
+// TestWithoutPodEnvEventsGoToDefault: without the downward API's pod name
+// and namespace, the process's events are reported on namespace/default.
+func TestWithoutPodEnvEventsGoToDefault(t *testing.T) {
+	b := newTestBroadcaster(t)
+	t.Setenv(envPodName, "")
+	t.Setenv(envNamespace, "")
+	api := newFakeAPI(t, clock.RealClock{})
+	inst := newInstance(t, api, "k8s_event")
+	if err := b.attach(inst); err != nil {
+		t.Fatal(err)
+	}
+	pluginLog.Error("no pod")
+	b.detach(inst)
+	ev := only(t, events(t, api))
+	if ref := ev.InvolvedObject; ref.Kind != "Namespace" || ref.Name != "default" || ev.Namespace != "default" {
+		t.Errorf("event about %+v in %q, want namespace/default", ref, ev.Namespace)
 	}
 }

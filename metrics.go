@@ -1,8 +1,6 @@
 package k8s_event
 
 import (
-	"strconv"
-
 	"github.com/coredns/coredns/plugin"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -85,6 +83,21 @@ var (
 		Help:      "Counter of storms that went quiet and whose end the plugin said, by the reason of the end event (CoreDNSErrorEnded, CoreDNSWarningEnded).",
 	}, []string{"reason"})
 
+	requestsInFlight = promauto.NewGauge(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "requests_in_flight",
+		Help:      "Number of requests to the Kubernetes API sent and not yet answered or timed out.",
+	})
+
+	requestSeconds = promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "request_duration_seconds",
+		Help:      "Histogram of the time requests to the Kubernetes API took, answered or not, by verb (create, patch, list, get).",
+		Buckets:   []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+	}, []string{"verb"})
+
 	pendingLines = promauto.NewGauge(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
@@ -116,26 +129,4 @@ func init() {
 	for r := dropReason(0); r < numDropReasons; r++ {
 		droppedTotal[r] = droppedVec.WithLabelValues(r.String())
 	}
-}
-
-// expectedOutcomes names the outcomes of a write whose error answer is part
-// of the normal course: the "outcome" label of api_expected_total.
-var expectedOutcomes = map[writeOutcome]string{
-	writeGone:      "gone",
-	writeNameTaken: "name_taken",
-	writeExists:    "exists",
-}
-
-// countAnswer counts the error answer of a write, if it had one: as
-// expected when it led to one of the outcomes above, as a failure else.
-func countAnswer(res writeResult) {
-	if res.err == nil {
-		return
-	}
-	code := strconv.Itoa(statusCode(res.err))
-	if outcome, ok := expectedOutcomes[res.outcome]; ok {
-		apiExpected.WithLabelValues(code, outcome).Inc()
-		return
-	}
-	apiErrors.WithLabelValues(code).Inc()
 }

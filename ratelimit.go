@@ -1,11 +1,156 @@
 package k8s_event
 
 import (
-	"context"
-	"errors"
 	"math"
+	"math/rand/v2"
 	"time"
 )
+
+// The token buckets. Each reason has a bucket of BURST tokens refilled at
+// QPS, and the ends of storms one more (endBucket). A request takes a
+// token when it is sent, so that the requests of a reason that reach the
+// API server over any time T are at most BURST + QPS x T, retries and pod
+// reads included. A request that never reached the server (its connection
+// was refused) gives its token back, but never more of it than the bucket
+// would hold had the request never been made: while it was out, the bucket
+// may have filled up and lost refills to its cap, and those are not given
+// back. So the bound holds for the requests that reached the server, and
+// a refused request costs nothing that the bound would miss.
+//
+// golang.org/x/time/rate cannot hand back a fraction of a token, which the
+// exact give-back needs: the bucket is this small type.
+
+// bucket is a token bucket with give-back. Owned by the scheduler's
+// goroutine; no lock.
+//
+// The tokens at any time are the least, over every moment s before, of
+// BURST at s plus the refills since, less the tokens taken since (and
+// BURST now). A request handed back is taken out of every such sum it is
+// in: then the bucket holds exactly what it would had the request never
+// been made, whatever other requests are out and however they end. Only
+// the moments just before a take can be the least, and of those only the
+// ones that may still be, given the requests out, are kept: at most one
+// more than the requests out.
+type bucket struct {
+	qps    float64
+	burst  float64
+	tokens float64
+	at     time.Time
+	out    map[uint64]struct{} // the requests out with a token of this bucket
+	bounds []bound             // oldest first
+}
+
+// bound is BURST at a moment just before a take, refilled since, less the
+// tokens taken since; ids are the requests among those still out.
+type bound struct {
+	v   float64
+	ids map[uint64]struct{}
+}
+
+func newBucket(qps float64, burst int, now time.Time) *bucket {
+	return &bucket{qps: qps, burst: float64(burst), tokens: float64(burst), at: now, out: map[uint64]struct{}{}}
+}
+
+// advance refills the bucket up to now.
+func (b *bucket) advance(now time.Time) {
+	if now.After(b.at) {
+		d := b.qps * now.Sub(b.at).Seconds()
+		for i := range b.bounds {
+			b.bounds[i].v += d
+		}
+		b.at = now
+	}
+	b.prune()
+}
+
+// prune drops the bounds that can no longer be the least, and sets tokens
+// to the least of the others and BURST. A bound at BURST or more never is
+// again (BURST later is less); nor is one at or above a later one, since
+// it holds every request out the later one holds, and the same give-backs
+// raise it as much; of two that hold the same requests, the greater.
+func (b *bucket) prune() {
+	least := b.burst
+	w := len(b.bounds)
+	for i := len(b.bounds) - 1; i >= 0; i-- { // newest first
+		if b.bounds[i].v < least {
+			least = b.bounds[i].v
+			w--
+			b.bounds[w] = b.bounds[i]
+		}
+	}
+	// b.bounds[w:] are kept, oldest first, each less than the next.
+	n := 0
+	for _, bd := range b.bounds[w:] {
+		if n > 0 && len(b.bounds[n-1].ids) == len(bd.ids) {
+			continue // the same requests out, and the older is less
+		}
+		b.bounds[n] = bd
+		n++
+	}
+	clear(b.bounds[n:])
+	b.bounds = b.bounds[:n]
+	b.tokens = least
+}
+
+// take takes a token for request id, if there is one.
+func (b *bucket) take(id uint64, now time.Time) bool {
+	b.advance(now)
+	if b.tokens < 1 {
+		return false
+	}
+	b.bounds = append(b.bounds, bound{v: b.burst, ids: map[uint64]struct{}{}})
+	for _, bd := range b.bounds {
+		bd.ids[id] = struct{}{}
+	}
+	for i := range b.bounds {
+		b.bounds[i].v--
+	}
+	b.out[id] = struct{}{}
+	b.prune()
+	return true
+}
+
+// settle ends request id: its token is spent if it reached the server,
+// and handed back if it did not, as far as the bucket would hold without it.
+func (b *bucket) settle(id uint64, reached bool, now time.Time) {
+	b.advance(now)
+	if _, ok := b.out[id]; !ok {
+		return
+	}
+	delete(b.out, id)
+	for i, bd := range b.bounds {
+		if _, ok := bd.ids[id]; ok {
+			delete(bd.ids, id)
+			if !reached {
+				b.bounds[i].v++
+			}
+		}
+	}
+	b.prune()
+}
+
+// wait is how long until the bucket has a token; 0 when it has one now.
+func (b *bucket) wait(now time.Time) time.Duration {
+	b.advance(now)
+	if b.tokens >= 1 {
+		return 0
+	}
+	// QPS may be as small as a float allows: wait at most a year.
+	return time.Duration(math.Ceil(min((1-b.tokens)/b.qps, 365*24*3600) * float64(time.Second)))
+}
+
+// set takes a new rate and burst; the tokens stay, up to the new burst.
+func (b *bucket) set(qps float64, burst int, now time.Time) {
+	b.advance(now)
+	// The old BURST now is a bound still: a greater one does not fill the
+	// bucket at once.
+	b.bounds = append(b.bounds, bound{v: b.burst, ids: map[uint64]struct{}{}})
+	b.qps, b.burst = qps, float64(burst)
+	b.prune()
+}
+
+// inFlight is the number of requests out with a token of this bucket.
+func (b *bucket) inFlight() int { return len(b.out) }
 
 const (
 	// Failed writes back off exponentially, with up to 20% jitter, from
@@ -17,293 +162,14 @@ const (
 	rejectPause = time.Minute
 )
 
-// reserve claims a token of bucket b for a request about to be sent. The
-// token is spent only if the request reaches the API (spend); one that
-// never left this process hands it back. Requests per bucket thus never
-// exceed BURST + QPS x T, retries included, and an unreachable API costs
-// no tokens. Without a token it tells how long until one is free, counting
-// the tokens held by requests in flight as spent; e, when requests hold
-// tokens of the bucket, is woken as soon as one of them comes back unspent
-// (spend), to wait no longer than it must. Called with p.mu held.
-func (p *pipeline) reserve(b level, e *entry, now time.Time) (time.Duration, bool) {
-	bucket := p.buckets[b]
-	need := float64(p.reserved[b] + 1)
-	have := bucket.TokensAt(now)
-	if have >= need {
-		p.reserved[b]++
-		delete(p.held[b], e)
-		return 0, true
-	}
-	if e != nil && p.reserved[b] > 0 {
-		if p.held[b] == nil {
-			p.held[b] = map[*entry]struct{}{}
-		}
-		p.held[b][e] = struct{}{}
-	}
-	wait := time.Duration((need - have) / float64(bucket.Limit()) * float64(time.Second))
-	return max(wait, time.Millisecond), false
-}
-
-// spend ends a reservation: the token is taken if the request reached the
-// API, whatever its answer. A token handed back wakes one of the entries
-// that found the bucket's tokens held, one that still has something to
-// write: one token, one write, so an API that refuses connections wakes no
-// crowd. Add never blocks, so it is made under p.mu. Called with p.mu held.
-func (p *pipeline) spend(b level, now time.Time, reached bool) {
-	p.reserved[b]--
-	if reached {
-		p.buckets[b].ReserveN(now, 1)
-	} else {
-		for e := range p.held[b] {
-			delete(p.held[b], e)
-			if p.writable(e, now) {
-				p.queue.Add(e)
-				break
-			}
-		}
-	}
-	if p.reserved[b] == 0 {
-		clear(p.held[b]) // what they waited for is settled: their waits are right
-	}
-	if p.requestEnded != nil { // the flush waits for it (requestDone)
-		close(p.requestEnded)
-		p.requestEnded = nil
-	}
-}
-
-// requestDone is closed when the next request in flight ends, spent or
-// handed back. Called with p.mu held.
-func (p *pipeline) requestDone() <-chan struct{} {
-	if p.requestEnded == nil {
-		p.requestEnded = make(chan struct{})
-	}
-	return p.requestEnded
-}
-
-// noToken is what an attempt without a token tells: busy while requests in
-// flight hold tokens of b that may come back, else throttled. Called with
-// p.mu held.
-func (p *pipeline) noToken(b level) attemptResult {
-	if p.reserved[b] > 0 {
-		return attemptBusy
-	}
-	return attemptThrottled
-}
-
-// writable tells whether e has a write to make now: lines pending and not
-// given up, or an end still to write, with no write in flight, no backoff
-// and no Retry-After to wait out. Called with p.mu held.
-func (p *pipeline) writable(e *entry, now time.Time) bool {
-	if e.inflight || e.retryAt.After(now) || e.asked.After(now) {
-		return false
-	}
-	if e.end != nil {
-		_, ok := p.ends[e]
-		return ok
-	}
-	return e.pending() > 0 && e.dropped == 0
-}
-
-// backoffFor is the wait after the n-th failure in a row: exponential,
-// capped at retryMax, plus up to 20% jitter, and never shorter than what
-// the API asked for. Called with p.mu held.
-func (p *pipeline) backoffFor(n int, asked time.Duration) time.Duration {
+// backoff is the wait after the n-th failure in a row: exponential, capped
+// at retryMax, plus up to 20% jitter, and never shorter than what the API
+// asked for.
+func backoff(r *rand.Rand, n int, asked time.Duration) time.Duration {
 	d := retryMax
 	if n <= 7 {
 		d = min(retryBase<<(n-1), retryMax)
 	}
-	d += time.Duration(p.rand.Int64N(int64(d)/5 + 1))
+	d += time.Duration(r.Int64N(int64(d)/5 + 1))
 	return max(d, asked)
-}
-
-func (p *pipeline) processNext() bool {
-	e, shutdown := p.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer p.queue.Done(e)
-	if !p.flushing.Load() { // the flush at shutdown writes what is pending
-		p.sync(e)
-	}
-	return true
-}
-
-// sync writes one entry if it is due and its bucket has a token: an entry
-// queued many times is written once, with the latest count.
-func (p *pipeline) sync(e *entry) {
-	p.mu.Lock()
-	e.queued = false
-	now := p.clock.Now()
-	var report error
-	wait := e.retryAt.Sub(now)
-	if wait <= 0 {
-		var res attemptResult
-		res, wait, report = p.attempt(p.ctx, e)
-		switch res {
-		case attemptRedo:
-			wait = 0
-		case attemptInFlight: // the flush's write of e, racing stop: it settles e
-			p.mu.Unlock()
-			return
-		}
-	}
-	if e.end != nil {
-		_, due := p.ends[e]
-		e.queued = due
-		p.mu.Unlock()
-		if due {
-			p.requeue(e, wait)
-		}
-		p.say(now, report)
-		return
-	}
-	if e.pending() > 0 && e.dropped == 0 && !e.queued {
-		e.queued = true
-		p.mu.Unlock()
-		p.requeue(e, wait)
-	} else {
-		// All written: a storm waits for its quiet. The entry is not
-		// marked queued, so that a new line hands it over at once.
-		quiet, end := p.watchQuiet(e, p.clock.Now())
-		p.mu.Unlock()
-		if quiet > 0 {
-			p.queue.AddAfter(e, quiet)
-		}
-		if end != nil {
-			p.queue.Add(end)
-		}
-	}
-	p.say(now, report)
-}
-
-// say logs why a write failed, at most once a minute; nothing for nil.
-func (p *pipeline) say(now time.Time, err error) {
-	if err != nil {
-		p.reporter.report(now, err, p.pod.namespace())
-	}
-}
-
-func (p *pipeline) requeue(e *entry, wait time.Duration) {
-	if wait > 0 {
-		p.queue.AddAfter(e, wait)
-	} else {
-		p.queue.Add(e)
-	}
-}
-
-type attemptResult uint8
-
-// afterLookup books an attempt whose one request was the pod's read, or
-// whose read is due later: the create comes after, with a token of its
-// own. A pod read failed nothing of the entry; the lookup keeps its own
-// backoff. Called with p.mu held.
-func afterLookup(e *entry, res writeResult, now time.Time) (attemptResult, time.Duration, error) {
-	e.retryAt, e.asked = now.Add(res.wait), now.Add(res.retryAfter)
-	switch {
-	case res.outcome == writeOK:
-		return attemptRedo, 0, nil
-	case errors.Is(res.err, errLookupPending):
-		return attemptFailed, res.wait, nil
-	}
-	return attemptFailed, res.wait, res.err
-}
-
-const (
-	attemptNone      attemptResult = iota // nothing pending
-	attemptThrottled                      // no token
-	attemptBusy                           // no token free: requests in flight hold them, and may hand them back
-	attemptInFlight                       // a write of this entry is in flight already (only in the flush at stop)
-	attemptWrote                          // written
-	attemptRedo                           // to be written again at once: created, gone or name taken
-	attemptRefused                        // refused by the API: paused
-	attemptFailed                         // failed: backing off
-)
-
-// request makes one write of e, as spec says, with a token of bucket b:
-// ok is false, with the wait for a token, when the bucket has none. It is
-// called with p.mu held and releases it during the request; now is the
-// time the answer came.
-func (p *pipeline) request(ctx context.Context, e *entry, b level, spec writeSpec) (res writeResult, now time.Time, wait time.Duration, ok bool) {
-	now = p.clock.Now()
-	if wait, ok := p.reserve(b, e, now); !ok {
-		return writeResult{}, now, wait, false
-	}
-	e.inflight = true
-	p.mu.Unlock()
-	requestSent(ctx)
-
-	res = p.write(ctx, spec, true)
-
-	p.mu.Lock()
-	now = p.clock.Now()
-	p.spend(b, now, res.reached)
-	e.inflight = false
-	return res, now, 0, true
-}
-
-// attempt makes one write of e if its bucket has a token, and books the
-// outcome. It is called with p.mu held and releases it during the request.
-// It returns how long until e may be tried again, and an error to report.
-func (p *pipeline) attempt(ctx context.Context, e *entry) (attemptResult, time.Duration, error) {
-	if e.inflight {
-		return attemptInFlight, 0, nil
-	}
-	if e.end != nil {
-		return p.attemptEnd(ctx, e)
-	}
-	if e.pending() == 0 || e.dropped > 0 {
-		return attemptNone, 0, nil
-	}
-	l := e.key.level
-	// An event's count is an int32: lines past it go to a new object.
-	count := e.seen - e.base
-	full := count >= math.MaxInt32
-	if full {
-		count = math.MaxInt32
-	}
-	spec := writeSpec{key: e.key, message: e.message, count: count, first: e.first, last: e.last, name: e.name, tried: e.tried}
-	res, now, wait, ok := p.request(ctx, e, l, spec)
-	if !ok {
-		throttled[l].Inc()
-		return p.noToken(l), wait, nil
-	}
-	defer p.retire(e)
-	if res.lookup {
-		return afterLookup(e, res, now)
-	}
-	switch res.outcome {
-	case writeOK:
-		e.carry(e.base + spec.count)
-		e.name, e.tried, e.doubt, e.failures, e.retryAt, e.asked = res.name, "", 0, 0, time.Time{}, time.Time{}
-		if full {
-			e.base += spec.count
-			e.name = ""
-		}
-		eventWrites.WithLabelValues(l.reason(), res.verb).Inc()
-		return attemptWrote, 0, nil
-	case writeGone: // the event expired or was deleted: create it anew
-		e.name, e.doubt = "", 0
-		return attemptRedo, 0, nil
-	case writeExists: // a create that got no answer had been applied: patch it
-		e.name, e.tried = res.name, ""
-		return attemptRedo, 0, nil
-	case writeNameTaken: // another writer's event has this name: take a new one
-		e.tried = ""
-		return attemptRedo, 0, nil
-	case writeRefused:
-		e.retryAt = now.Add(rejectPause)
-		return attemptRefused, rejectPause, res.err
-	default:
-		e.asked = now.Add(res.retryAfter)
-		if res.unsure {
-			e.doubt = e.base + spec.count
-			if spec.name == "" {
-				e.tried = res.name // it may have been applied: retry under the same name
-			}
-		}
-		e.failures++
-		d := p.backoffFor(e.failures, res.retryAfter)
-		e.retryAt = now.Add(d)
-		return attemptFailed, d, res.err
-	}
 }

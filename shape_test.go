@@ -101,7 +101,7 @@ func BenchmarkShapeHash(b *testing.B) {
 // combined event of its own shape, never another's; counts are exact and
 // every message is a concrete line.
 func TestCombinedByShape(t *testing.T) {
-	p, api, clk := newTestPipeline(t, testConfig(all, 1000, 1000, 4096))
+	p, api, clk := newTestHarness(t, testConfig(all, 1000, 1000, 4096))
 	before := readLedger()
 	timeout := func(i int) string {
 		return fmt.Sprintf("2 q%d.example.org. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", i, 40000+i)
@@ -145,7 +145,7 @@ func TestCombinedByShape(t *testing.T) {
 // TestShapesAreBounded: a plugin whose lines have ever new shapes makes at
 // most combineAfter + maxShapes + 1 events per level and window.
 func TestShapesAreBounded(t *testing.T) {
-	p, api, clk := newTestPipeline(t, testConfig(all, 1000, 1000, 4096))
+	p, api, clk := newTestHarness(t, testConfig(all, 1000, 1000, 4096))
 	words := []string{"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november", "oscar"}
 	n := 0
 	for _, a := range words {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptrace"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,134 +14,109 @@ import (
 	clog "github.com/coredns/coredns/plugin/pkg/log"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
-// Downward-API environment variables that name the CoreDNS pod.
-const (
-	envPodName   = "COREDNS_POD_NAME"
-	envNamespace = "COREDNS_NAMESPACE"
-	envPodUID    = "COREDNS_POD_UID"
-	envNodeName  = "COREDNS_NODE_NAME"
-)
+// Writers do I/O only: a prepared request in, what happened out; the
+// scheduler decides what the answer means for the event. Each request runs
+// in a goroutine of its own: one that hangs holds up only its own event.
 
 const (
 	writeTimeout = 10 * time.Second
 	fatalTimeout = 3 * time.Second
 )
 
-// podIdentity is the object events are about, and who reports them. When
-// the downward API gave no UID, writers look it up before their first
-// create: `kubectl describe pod` lists only events that carry it.
-type podIdentity struct {
-	ref  atomic.Pointer[corev1.ObjectReference] // replaced whole, never changed in place
-	node string
+type verb uint8
 
-	mu       sync.Mutex // one lookup at a time; never taken by the fatal path
-	lookup   atomic.Bool
-	nextTry  time.Time
-	asked    time.Time // no lookup before this, even at shutdown: a Retry-After
-	failures int
+const (
+	verbCreate verb = iota
+	verbPatch
+	verbListPod // the pod, by a field selector on its name: needs list, as CoreDNS has
+	verbGetPod  // the pod by name: needs get, tried when list is refused
+)
+
+var verbNames = [...]string{"create", "patch", "list", "get"}
+
+func (v verb) String() string { return verbNames[v] }
+
+// request is one HTTP request, prepared whole by the scheduler.
+type request struct {
+	id        uint64
+	verb      verb
+	namespace string
+	name      string        // of the event to patch, or of the pod to read
+	event     *corev1.Event // create
+	patch     []byte        // patch
 }
 
-// podFromEnv reads the downward-API variables. Without a pod name and
-// namespace, events go to the default namespace, as the plugin always did.
-func podFromEnv() *podIdentity {
-	name, ns := os.Getenv(envPodName), os.Getenv(envNamespace)
-	id := &podIdentity{node: os.Getenv(envNodeName)}
-	if name == "" || ns == "" {
-		clog.Warningf("plugin/%s: %s or %s not set: events are reported on namespace/default", pluginName, envPodName, envNamespace)
-		id.ref.Store(&corev1.ObjectReference{Kind: "Namespace", APIVersion: "v1", Name: metav1.NamespaceDefault})
-		return id
-	}
-	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: name, Namespace: ns, UID: types.UID(os.Getenv(envPodUID))}
-	id.ref.Store(ref)
-	id.lookup.Store(ref.UID == "")
-	return id
+// writeOutcome sorts an answer for the scheduler.
+type writeOutcome uint8
+
+const (
+	writeOK      writeOutcome = iota
+	writeGone                 // patch: the event is gone (expired, deleted): create it anew
+	writeExists               // create: the name exists: an earlier create of ours, or another's
+	writeRefused              // the API refused for good: 400, 403, 404, 422, other 4xx
+	writeFailed               // may pass: no answer, 401, 408, 409, 429, 5xx
+)
+
+// result is what one request did.
+type result struct {
+	id         uint64
+	outcome    writeOutcome
+	reached    bool // the request reached the API: it cost a token
+	unsure     bool // it reached the API and got no answer or a 5xx: it may have been applied
+	retryAfter time.Duration
+	err        error
+	uid        types.UID // of the pod, after a read
+	took       time.Duration
 }
 
-// current is the reference as known now, without waiting for anything.
-func (id *podIdentity) current() corev1.ObjectReference { return *id.ref.Load() }
-
-// namespace is where the events live: the pod's namespace, or default.
-func (id *podIdentity) namespace() string {
-	if ns := id.ref.Load().Namespace; ns != "" {
-		return ns
+// do makes one request with client and tells what happened.
+func do(ctx context.Context, client kubernetes.Interface, r request) result {
+	start := time.Now()
+	requestsInFlight.Inc()
+	defer requestsInFlight.Dec()
+	rc := client.CoreV1().RESTClient()
+	var (
+		req  *rest.Request
+		into runtime.Object
+		list corev1.PodList
+		pod  corev1.Pod
+	)
+	switch r.verb {
+	case verbCreate:
+		req = rc.Post().Namespace(r.namespace).Resource("events").Body(r.event)
+	case verbPatch:
+		req = rc.Patch(types.StrategicMergePatchType).Namespace(r.namespace).Resource("events").Name(r.name).Body(r.patch)
+	case verbListPod:
+		req = rc.Get().Namespace(r.namespace).Resource("pods").Param("fieldSelector", "metadata.name="+r.name)
+		into = &list
+	case verbGetPod:
+		req = rc.Get().Namespace(r.namespace).Resource("pods").Name(r.name)
+		into = &pod
 	}
-	return metav1.NamespaceDefault
-}
-
-// lookupBusyWait is how long a create that found the pod's read in flight
-// waits before it tries again.
-const lookupBusyWait = time.Second
-
-// errLookupPending says a create waits for the pod's UID.
-var errLookupPending = errors.New("the pod's UID is not known yet")
-
-// resolve returns the reference with the pod's UID, reading the pod once
-// if needed. That read is a request of its own: it takes the write's token,
-// and the create comes after it with another. A lookup that fails for a
-// cause that may pass (no answer, 5xx, 401, 408, 409, 429) is tried again
-// with a backoff, and the create waits; the flush at shutdown skips the
-// backoff but not a Retry-After. One that the API answers for good (403:
-// not allowed, 404: no such pod, any other 4xx such as 400, 410, 422) is
-// given up, said once, and events go without the UID. With a nil result,
-// no request was made and the create may go on with the reference.
-func (id *podIdentity) resolve(ctx context.Context, p *pipeline, client kubernetes.Interface) (corev1.ObjectReference, *writeResult) {
-	if !id.lookup.Load() {
-		return id.current(), nil
-	}
-	// One read at a time. A create that finds one in flight does not wait
-	// for it (it may hang, and the create holds a token meanwhile): it
-	// hands its token back and is tried again shortly, as after a read due
-	// later; in the flush at shutdown, where there is no later, it goes on
-	// without the UID.
-	if !id.mu.TryLock() {
-		if p.flushing.Load() {
-			return id.current(), nil
+	reached, err := send(ctx, req, into)
+	if err == nil && r.verb == verbListPod {
+		if len(list.Items) == 0 {
+			err = apierrors.NewNotFound(corev1.Resource("pods"), r.name)
+		} else {
+			pod = list.Items[0]
 		}
-		return id.current(), &writeResult{outcome: writeFailed, verb: "get", lookup: true, wait: lookupBusyWait, err: errLookupPending}
 	}
-	defer id.mu.Unlock()
-	ref := id.current()
-	if !id.lookup.Load() {
-		return ref, nil
+	res := classify(reached, err)
+	res.id, res.uid, res.took = r.id, pod.UID, time.Since(start)
+	if apierrors.IsAlreadyExists(err) {
+		res.outcome = writeExists
 	}
-	now := p.clock.Now()
-	wait := id.nextTry.Sub(now)
-	if p.flushing.Load() {
-		wait = id.asked.Sub(now)
+	if res.outcome == writeRefused && r.verb == verbPatch && apierrors.IsNotFound(err) {
+		res.outcome = writeGone
 	}
-	if wait > 0 {
-		return ref, &writeResult{outcome: writeFailed, verb: "get", lookup: true, wait: wait, retryAfter: max(id.asked.Sub(now), 0), err: errLookupPending}
-	}
-	var pod corev1.Pod
-	req := client.CoreV1().RESTClient().Get().Namespace(ref.Namespace).Resource("pods").Name(ref.Name)
-	reached, err := send(ctx, req, &pod)
-	res := &writeResult{verb: "get", lookup: true, reached: reached}
-	if err == nil {
-		ref.UID = pod.UID
-		id.ref.Store(&ref)
-		id.lookup.Store(false)
-		return ref, res
-	}
-	countError(err)
-	if final(err) {
-		id.lookup.Store(false)
-		clog.Warningf("plugin/%s: %s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", pluginName, envPodUID, err)
-		return ref, res
-	}
-	id.failures++
-	res.outcome, res.err, res.retryAfter = writeFailed, err, retryAfter(err)
-	p.mu.Lock()
-	res.wait = p.backoffFor(id.failures, res.retryAfter)
-	p.mu.Unlock()
-	id.nextTry, id.asked = now.Add(res.wait), now.Add(res.retryAfter)
-	return ref, res
+	requestSeconds.WithLabelValues(r.verb.String()).Observe(res.took.Seconds())
+	return res
 }
 
 // send makes exactly one HTTP request, without client-go's retries on
@@ -163,94 +137,20 @@ func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached 
 	return wrote.Load(), err
 }
 
-type writeOutcome uint8
-
-const (
-	writeOK        writeOutcome = iota
-	writeGone                   // patch: the event is gone (expired, deleted): create it anew
-	writeExists                 // create: our earlier create that got no answer was applied
-	writeNameTaken              // create: the name is another's; take a new one
-	writeRefused                // the API refused for good: 400, 403, 404, 422, other 4xx
-	writeFailed                 // may pass: no answer, 401, 408, 409, 429, 5xx
-)
-
-// writeResult is what a write did.
-type writeResult struct {
-	outcome    writeOutcome
-	name, verb string
-	reached    bool          // the request reached the API: it cost a token
-	unsure     bool          // it reached the API and got no answer or a 5xx: it may have been applied
-	lookup     bool          // the pod was read (writeOK: the create is still to make) or the lookup is due later
-	wait       time.Duration // lookup: until the create may be tried again
-	retryAfter time.Duration
-	err        error
-}
-
-// write creates the event, or patches its count, last time and message.
-// With lookup, a create first learns the pod's UID if that is still to do:
-// that read is the write's one request, and the create is left to another.
-func (p *pipeline) write(ctx context.Context, s writeSpec, lookup bool) writeResult {
-	ctx, cancel := context.WithTimeout(ctx, p.writeTimeout)
-	defer cancel()
-	client := *p.client.Load()
-	rc := client.CoreV1().RESTClient()
-	ns := p.pod.namespace()
-	if s.name != "" {
-		req := rc.Patch(types.StrategicMergePatchType).Namespace(ns).Resource("events").Name(s.name).Body(countPatch(s))
-		res := result(send(ctx, req, nil))
-		res.name, res.verb = s.name, "patch"
-		if res.outcome == writeRefused && apierrors.IsNotFound(res.err) {
-			res.outcome = writeGone
-		}
-		countAnswer(res)
-		return res
-	}
-	ref := p.pod.current()
-	if lookup {
-		var res *writeResult
-		if ref, res = p.pod.resolve(ctx, p, client); res != nil {
-			return *res
-		}
-	}
-	name := s.tried
-	if name == "" {
-		name = p.names.next(ref.Name, p.clock.Now())
-	}
-	req := rc.Post().Namespace(ns).Resource("events").Body(newEvent(ref, p.pod.node, ns, name, s))
-	res := result(send(ctx, req, nil))
-	res.name, res.verb = name, "create"
-	if apierrors.IsAlreadyExists(res.err) {
-		// Names are unique to this process: a create under a name that
-		// reached the API before is ours; a first create is not.
-		res.outcome = writeNameTaken
-		if s.tried != "" {
-			res.outcome = writeExists
-		}
-	}
-	countAnswer(res)
-	return res
-}
-
-// result sorts the answer to one request.
-func result(reached bool, err error) writeResult {
-	res := writeResult{reached: reached, err: err}
+// classify sorts the answer to one request.
+func classify(reached bool, err error) result {
+	res := result{reached: reached, err: err}
 	if err == nil {
 		return res
 	}
 	res.retryAfter = retryAfter(err)
 	code := statusCode(err)
-	if code == 0 {
-		res.outcome, res.unsure = writeFailed, reached
-		return res
-	}
 	switch {
-	case code >= 500:
+	case code == 0, code >= 500:
 		// kube-apiserver answers 500 or 504 when etcd timed out, and etcd
 		// may have committed: as unsure as no answer at all.
 		res.outcome, res.unsure = writeFailed, reached
-	case code == http.StatusUnauthorized, // a rotated token: the next request reads the new one
-		code == http.StatusRequestTimeout, code == http.StatusConflict,
-		code == http.StatusTooManyRequests:
+	case !final(err):
 		res.outcome = writeFailed
 	default:
 		res.outcome = writeRefused
@@ -278,11 +178,6 @@ func statusCode(err error) int {
 	return 0
 }
 
-// countError counts a failed request by its HTTP status, 0 for no answer.
-func countError(err error) {
-	apiErrors.WithLabelValues(strconv.Itoa(statusCode(err))).Inc()
-}
-
 func retryAfter(err error) time.Duration {
 	if s, ok := apierrors.SuggestsClientDelay(err); ok {
 		return time.Duration(s) * time.Second
@@ -290,37 +185,18 @@ func retryAfter(err error) time.Duration {
 	return 0
 }
 
-// writeFatal posts a fatal line at once: CoreDNS exits right after the
-// listeners return, so nothing queued would ever be written. It takes a
-// token of the fatal bucket like any write, waits for no other write and
-// for no UID lookup, and gives up after fatalTimeout.
-func (p *pipeline) writeFatal(ln line) {
-	var t tally
-	t.see()
-	p.mu.Lock()
-	_, ok := p.reserve(levelFatal, nil, p.clock.Now())
-	p.mu.Unlock()
-	if !ok {
-		throttled[levelFatal].Inc()
-		t.drop(dropThrottled)
+// countAnswer counts an error answer: as expected (part of the normal
+// course, as the scheduler says), or as a failure.
+func countAnswer(res result, expected string) {
+	if res.err == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, p.fatalTimeout)
-	defer cancel()
-	msg := eventMessage(ln.text)
-	res := p.write(ctx, writeSpec{key: eventKey{level: levelFatal, plugin: ln.plugin, message: msg}, message: msg, count: 1, first: ln.at, last: ln.at}, false)
-	p.mu.Lock()
-	p.spend(levelFatal, p.clock.Now(), res.reached)
-	if res.unsure {
-		p.doubtful++
-	}
-	p.mu.Unlock()
-	if res.outcome != writeOK {
-		t.drop(dropFailed)
+	code := strconv.Itoa(statusCode(res.err))
+	if expected != "" {
+		apiExpected.WithLabelValues(code, expected).Inc()
 		return
 	}
-	t.carry(1)
-	eventWrites.WithLabelValues(levelFatal.reason(), res.verb).Inc()
+	apiErrors.WithLabelValues(code).Inc()
 }
 
 // rejectionLog says why writes fail, at most once a minute, through the
@@ -331,6 +207,9 @@ type rejectionLog struct {
 }
 
 func (r *rejectionLog) report(now time.Time, err error, namespace string) {
+	if err == nil {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.last.IsZero() && now.Sub(r.last) < time.Minute {

@@ -24,6 +24,11 @@
 #                                PROMETHEUS=
 #                                and PROMTOOL= when apt-get could fetch
 #                                them, and DNSPERF= when installed
+#   hack/tools.sh demo-env [node]
+#                                as env, but only what `make demo` runs:
+#                                KUBE_APISERVER=, ETCD=, KUBECTL= (node: and
+#                                the node's binaries but kubeadm); no
+#                                collector, Prometheus or kubeadm
 #   hack/tools.sh dnsperf        install Debian's dnsperf when it is missing
 #   hack/tools.sh helm           build helm, then print its path
 #   hack/tools.sh clean          remove the cache
@@ -80,7 +85,8 @@ kube_ldflags() {
 	echo "$flags"
 }
 
-install() {
+# install_control_plane builds kube-apiserver, kubectl and etcd.
+install_control_plane() {
 	command -v go >/dev/null || { log "go is not on PATH"; return 1; }
 	local kube etcd
 	kube=$(module_version k8s.io/kubernetes)
@@ -88,6 +94,10 @@ install() {
 	KUBE_APISERVER=$(build kube-apiserver "$kube" k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags "$kube")")
 	KUBECTL=$(build kubectl "$kube" k8s.io/kubernetes/cmd/kubectl "$(kube_ldflags "$kube")")
 	ETCD=$(build etcd "$etcd" go.etcd.io/etcd/server/v3)
+}
+
+install() {
+	install_control_plane
 	local otel
 	otel=$(module_version go.opentelemetry.io/collector/otelcol "$tools_mod/otelcol")
 	OTELCOL=$(build otelcol "$otel" . "" "$tools_mod/otelcol")
@@ -148,6 +158,8 @@ install_prometheus() {
 
 containerd_mod="$tools_mod/containerd"
 
+# install_node installs what the node needs; with "nokubeadm", all but
+# kubeadm, which only the lifecycle test runs.
 install_node() {
 	local missing=()
 	command -v runc >/dev/null || missing+=(runc)
@@ -160,7 +172,7 @@ install_node() {
 	KUBELET=$(build kubelet "$kube" k8s.io/kubernetes/cmd/kubelet "$(kube_ldflags "$kube")")
 	KUBE_CONTROLLER_MANAGER=$(build kube-controller-manager "$kube" k8s.io/kubernetes/cmd/kube-controller-manager "$(kube_ldflags "$kube")")
 	KUBE_SCHEDULER=$(build kube-scheduler "$kube" k8s.io/kubernetes/cmd/kube-scheduler "$(kube_ldflags "$kube")")
-	KUBEADM=$(build kubeadm "$kube" k8s.io/kubernetes/cmd/kubeadm "$(kube_ldflags "$kube")")
+	[[ ${1:-} == nokubeadm ]] || KUBEADM=$(build kubeadm "$kube" k8s.io/kubernetes/cmd/kubeadm "$(kube_ldflags "$kube")")
 	ctrd=$(module_version github.com/containerd/containerd/v2 "$containerd_mod")
 	local vflag="-X github.com/containerd/containerd/v2/version.Version=${ctrd#v}"
 	CONTAINERD=$(build containerd "$ctrd" github.com/containerd/containerd/v2/cmd/containerd "$vflag" "$containerd_mod")
@@ -178,11 +190,13 @@ install_helm() {
 }
 
 print_env() {
-	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\nOTELCOL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL" "$OTELCOL"
+	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL"
+	if [[ -n ${OTELCOL:-} ]]; then printf "OTELCOL=%q\n" "$OTELCOL"; fi
 	if [[ -n ${KUBELET:-} ]]; then
-		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\nKUBEADM=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER" "$KUBEADM"
+		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER"
+		if [[ -n ${KUBEADM:-} ]]; then printf "KUBEADM=%q\n" "$KUBEADM"; fi
 		printf "CONTAINERD=%q\nCONTAINERD_SHIM=%q\nCTR=%q\n" "$CONTAINERD" "$CONTAINERD_SHIM" "$CTR"
-		printf "COREDNS_STOCK=%q\n" "$COREDNS_STOCK"
+		if [[ -n ${COREDNS_STOCK:-} ]]; then printf "COREDNS_STOCK=%q\n" "$COREDNS_STOCK"; fi
 	fi
 	if [[ -n ${PROMETHEUS:-} ]]; then printf "PROMETHEUS=%q\nPROMTOOL=%q\n" "$PROMETHEUS" "$PROMTOOL"; fi
 	if command -v dnsperf >/dev/null; then printf "DNSPERF=%q\n" "$(command -v dnsperf)"; fi
@@ -201,6 +215,11 @@ env)
 	if [[ ${2:-} == node ]]; then install_node; fi
 	print_env
 	;;
+demo-env)
+	install_control_plane
+	if [[ ${2:-} == node ]]; then install_node nokubeadm; fi
+	print_env
+	;;
 dnsperf)
 	install_dnsperf
 	;;
@@ -211,7 +230,7 @@ clean)
 	rm -rf "$cache"
 	;;
 *)
-	echo "usage: $0 [install|node|env [node]|dnsperf|helm|clean]" >&2
+	echo "usage: $0 [install|node|env [node]|demo-env [node]|dnsperf|helm|clean]" >&2
 	exit 2
 	;;
 esac

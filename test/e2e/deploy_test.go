@@ -255,6 +255,11 @@ func TestRBAC(t *testing.T) {
 		if got := flatten(rules); !slices.Equal(got, flatten(eventRules)) {
 			t.Errorf("README.md grants %v, want %v", got, flatten(eventRules))
 		}
+		for _, doc := range documents(t)[1:] {
+			if rules := docRules(t, doc); len(rules) > 0 && !slices.Equal(flatten(rules), flatten(eventRules)) {
+				t.Errorf("%s grants %v, want %v", doc, flatten(rules), flatten(eventRules))
+			}
+		}
 	})
 
 	// Run CoreDNS as the ServiceAccount of deploy/ with nothing but deploy/'s
@@ -365,65 +370,92 @@ func resourceRules(t *testing.T, kubeconfig string) []string {
 	return flatten(rules)
 }
 
+// documents returns the paths, relative to the repository, of the
+// documents whose examples the tests check: README.md first, then
+// CONTRIBUTING.md and docs/*.md.
+func documents(t *testing.T) []string {
+	t.Helper()
+	docs, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
+	if err != nil || len(docs) == 0 {
+		t.Fatalf("no documents in docs/: %v", err)
+	}
+	out := []string{"README.md", "CONTRIBUTING.md"}
+	for _, d := range docs {
+		out = append(out, filepath.Join("docs", filepath.Base(d)))
+	}
+	return out
+}
+
 // readmeRules collects the RBAC rules about events that README.md shows,
 // whether as a whole Role or ClusterRole or as a list of rules.
 func readmeRules(t *testing.T) []rbacv1.PolicyRule {
 	t.Helper()
-	var rules []rbacv1.PolicyRule
-	for _, block := range fencedBlocks(t, regexp.MustCompile("^(```|~~~)\\s*(ya?ml)?\\s*$")) {
-		if !strings.Contains(block, "events") || !strings.Contains(block, "verbs") {
-			continue
-		}
-		for doc := range strings.SplitSeq(block, "\n---") {
-			var role rbacv1.ClusterRole
-			if yaml.Unmarshal([]byte(doc), &role) == nil && len(role.Rules) > 0 {
-				rules = append(rules, role.Rules...)
-				continue
-			}
-			var list []rbacv1.PolicyRule
-			if err := yaml.Unmarshal([]byte(doc), &list); err != nil {
-				t.Errorf("README.md: a block about events and verbs is neither a role nor a list of rules: %v\n%s", err, doc)
-			}
-			rules = append(rules, list...)
-		}
-	}
+	rules := docRules(t, "README.md")
 	if len(rules) == 0 {
 		t.Fatal("README.md shows no RBAC rules for events")
 	}
 	return rules
 }
 
-// fencedBlocks returns the contents of README.md's fenced blocks whose
-// opening line matches open.
-func fencedBlocks(t *testing.T, open *regexp.Regexp) []string {
+// docRules collects the RBAC rules about events that doc shows, whether as
+// a whole Role or ClusterRole or as a list of rules.
+func docRules(t *testing.T, doc string) []rbacv1.PolicyRule {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
-	if err != nil {
-		t.Fatal(err)
+	var rules []rbacv1.PolicyRule
+	for _, block := range fencedBlocks(t, regexp.MustCompile("^(```|~~~)\\s*(ya?ml)?\\s*$"), doc) {
+		if !strings.Contains(block, "events") || !strings.Contains(block, "verbs") {
+			continue
+		}
+		for part := range strings.SplitSeq(block, "\n---") {
+			var role rbacv1.ClusterRole
+			if yaml.Unmarshal([]byte(part), &role) == nil && len(role.Rules) > 0 {
+				rules = append(rules, role.Rules...)
+				continue
+			}
+			var list []rbacv1.PolicyRule
+			if err := yaml.Unmarshal([]byte(part), &list); err != nil {
+				t.Errorf("%s: a block about events and verbs is neither a role nor a list of rules: %v\n%s", doc, err, part)
+			}
+			rules = append(rules, list...)
+		}
 	}
+	return rules
+}
+
+// fencedBlocks returns the contents of the fenced blocks of docs (paths
+// relative to the repository) whose opening line matches open.
+func fencedBlocks(t *testing.T, open *regexp.Regexp, docs ...string) []string {
+	t.Helper()
 	var blocks []string
-	var cur []string
-	fence := ""
-	for line := range strings.Lines(string(b)) {
-		line = strings.TrimRight(line, "\n")
-		switch {
-		case fence == "" && open.MatchString(line):
-			fence, cur = line[:3], nil
-		case fence != "" && strings.TrimSpace(line) == fence:
-			blocks = append(blocks, strings.Join(cur, "\n")+"\n")
-			fence = ""
-		case fence != "":
-			cur = append(cur, line)
+	for _, doc := range docs {
+		b, err := os.ReadFile(filepath.Join(repoRoot, doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cur []string
+		fence := ""
+		for line := range strings.Lines(string(b)) {
+			line = strings.TrimRight(line, "\n")
+			switch {
+			case fence == "" && open.MatchString(line):
+				fence, cur = line[:3], nil
+			case fence != "" && strings.TrimSpace(line) == fence:
+				blocks = append(blocks, strings.Join(cur, "\n")+"\n")
+				fence = ""
+			case fence != "":
+				cur = append(cur, line)
+			}
 		}
 	}
 	return blocks
 }
 
 func TestREADMECorefiles(t *testing.T) {
-	blocks := fencedBlocks(t, regexp.MustCompile(`^~~~\s*corefile\s*$`))
-	if len(blocks) == 0 {
+	corefile := regexp.MustCompile(`^~~~\s*corefile\s*$`)
+	if len(fencedBlocks(t, corefile, "README.md")) == 0 {
 		t.Fatal("README.md has no ~~~ corefile example")
 	}
+	blocks := fencedBlocks(t, corefile, documents(t)...)
 	for i, corefile := range blocks {
 		t.Run(fmt.Sprintf("example %d", i+1), func(t *testing.T) {
 			pod := testPod(t)

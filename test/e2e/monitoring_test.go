@@ -325,7 +325,7 @@ func alerts(t *testing.T, web, namespace, pod string) map[string]string {
 	return got
 }
 
-// TestEventRouting runs the OpenTelemetry Collector recipe of the README,
+// TestEventRouting runs the OpenTelemetry Collector recipe of docs/monitoring.md,
 // deploy/monitoring/otelcol-events.yaml, against the API server: its
 // receivers and pipelines as shipped, with file exporters in place of the
 // OTLP ones and the test's kubeconfig in place of the ServiceAccount. Each
@@ -336,7 +336,7 @@ func TestEventRouting(t *testing.T) {
 	if otelcol == "" {
 		t.Fatal("OTELCOL is not set: run through make test-e2e, or set what hack/tools.sh env prints")
 	}
-	// The README shows the file as it is, but its comments.
+	// docs/monitoring.md shows the file as it is, but its comments.
 	recipe := filepath.Join(repoRoot, "deploy/monitoring/otelcol-events.yaml")
 	var body strings.Builder
 	for _, l := range strings.SplitAfter(mustRead(recipe), "\n") {
@@ -344,8 +344,8 @@ func TestEventRouting(t *testing.T) {
 			body.WriteString(l)
 		}
 	}
-	if !strings.Contains(mustRead(filepath.Join(repoRoot, "README.md")), "~~~ yaml\n"+body.String()+"~~~\n") {
-		t.Errorf("README.md does not show %s as it is:\n%s", recipe, body.String())
+	if !strings.Contains(mustRead(filepath.Join(repoRoot, "docs", "monitoring.md")), "~~~ yaml\n"+body.String()+"~~~\n") {
+		t.Errorf("docs/monitoring.md does not show %s as it is:\n%s", recipe, body.String())
 	}
 
 	// The recipe watches kube-system, where the cluster's DNS runs. Info

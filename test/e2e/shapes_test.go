@@ -30,8 +30,8 @@ func shapeOf(msg string) string {
 // TestStormByShape logs 200 distinct lines of one shape and 200 of
 // another from one plugin, and a few from another plugin: the events of
 // each shape add up to 200, none mixes the two, every message is a real
-// line, and the plugin label selects each plugin's events, as the README's
-// recipes do.
+// line, and the plugin label selects each plugin's events, as the recipes
+// of docs/monitoring.md do.
 func TestStormByShape(t *testing.T) {
 	pod := testPod(t)
 	c := startFaults(t, pod, faultsCorefile)
@@ -71,7 +71,7 @@ func TestStormByShape(t *testing.T) {
 		t.Errorf("%v objects, want 10 of their own and one combined per shape", objects)
 	}
 
-	// Recipes of the README.
+	// Recipes of docs/monitoring.md.
 	names := func(args ...string) []string {
 		out := kubectl(t, append([]string{"get", "events", "-n", pod.Namespace, "-o", "jsonpath={.items[*].metadata.name}"}, args...)...)
 		f := strings.Fields(out)

@@ -1,5 +1,5 @@
 // Command otelcol is an OpenTelemetry Collector with only the parts that the
-// event-routing recipe of the README uses: the k8sobjects receiver, and the
+// event-routing recipe of docs/monitoring.md uses: the k8sobjects receiver, and the
 // file, debug and OTLP/HTTP exporters. The end-to-end tests run it against
 // the local API server with that recipe's configuration.
 package main

@@ -1,0 +1,128 @@
+package k8s_event
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// TestDistinctLinesAreCombined: past combineAfter distinct lines of one
+// plugin and level within the window, every new line joins the combined
+// event of its shape; the counts add up to the lines; another plugin has
+// a window of its own, and the window ends.
+func TestDistinctLinesAreCombined(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 1024))
+	before := testutil.ToFloat64(aggregated[levelError])
+	const n = 500
+	for i := range n {
+		h.observe(ln(levelError, "errors", fmt.Sprintf("2 q%d.example.org. A: i/o timeout", i), clk.Now()))
+	}
+	drain(h)
+	evs := events(t, api)
+	if len(evs) != combineAfter+1 {
+		t.Fatalf("%d events, want %d distinct and one combined", len(evs), combineAfter)
+	}
+	var total int32
+	var combined *corev1.Event
+	for i := range evs {
+		total += evs[i].Count
+		if strings.HasPrefix(evs[i].Message, "plugin/errors: "+combinedPrefix) {
+			combined = &evs[i]
+		}
+	}
+	if total != n {
+		t.Errorf("counts add up to %d, want %d", total, n)
+	}
+	if combined == nil || combined.Count != n-combineAfter || !strings.HasSuffix(combined.Message, fmt.Sprintf("q%d.example.org. A: i/o timeout", n-1)) {
+		t.Fatalf("combined event %+v", combined)
+	}
+	if got := testutil.ToFloat64(aggregated[levelError]) - before; got != n-combineAfter {
+		t.Errorf("aggregated_total rose by %v, want %d", got, n-combineAfter)
+	}
+
+	// Another plugin has a window of its own, and the window ends.
+	h.observe(ln(levelError, "forward", "boom", clk.Now()))
+	clk.Step(combineWindow + time.Second)
+	h.observe(ln(levelError, "errors", "fresh line", clk.Now()))
+	drain(h)
+	if got := len(events(t, api)); got != combineAfter+3 {
+		t.Errorf("%d events, want %d", got, combineAfter+3)
+	}
+}
+
+// TestShapesPerWindowAreBounded: a window holds at most maxShapes
+// combined events; lines of further shapes join one more.
+func TestShapesPerWindowAreBounded(t *testing.T) {
+	c := newCorrelator(1024, func(*entry) {})
+	for i := range combineAfter {
+		c.observe(ln(levelError, "errors", fmt.Sprint("distinct ", i), epoch))
+	}
+	shapes := map[uint64]bool{}
+	for i := range 3 * maxShapes {
+		// Each line its own shape: a different number of words.
+		e := c.observe(ln(levelError, "errors", strings.Repeat("w ", i+1)+"end", epoch))
+		if !e.key.combined() {
+			t.Fatalf("line %d past the threshold is not combined", i)
+		}
+		shapes[e.key.shape] = true
+	}
+	if len(shapes) != maxShapes+1 || !shapes[otherShapes] {
+		t.Errorf("%d combined events, want %d shapes and one of the others", len(shapes), maxShapes)
+	}
+}
+
+// TestWindowsAreBounded: at most maxWindows windows are kept; windows of
+// two plugins live side by side; a line at the end of the window is still
+// in it.
+func TestWindowsAreBounded(t *testing.T) {
+	c := newCorrelator(64, func(*entry) {})
+	most := 0
+	for i := range 3 * maxWindows {
+		c.observe(ln(levelError, fmt.Sprint("p", i), "x", epoch))
+		most = max(most, len(c.windows))
+	}
+	if most != maxWindows {
+		t.Errorf("at most %d windows, want %d", most, maxWindows)
+	}
+	clear(c.windows)
+
+	// Windows of two plugins live side by side: lines of both, interleaved,
+	// are combined past the threshold of each.
+	before := testutil.ToFloat64(aggregated[levelInfo])
+	for i := range 2 * combineAfter {
+		c.observe(ln(levelInfo, "a", fmt.Sprint("a line ", i), epoch))
+		c.observe(ln(levelInfo, "b", fmt.Sprint("b line ", i), epoch))
+	}
+	if got := testutil.ToFloat64(aggregated[levelInfo]) - before; got != 2*combineAfter {
+		t.Errorf("%v lines combined, want %d", got, 2*combineAfter)
+	}
+	clear(c.windows)
+	for i := range combineAfter {
+		c.observe(ln(levelWarning, "forward", fmt.Sprint("line ", i), epoch))
+	}
+	at := epoch.Add(combineWindow) // the same window still
+	before = testutil.ToFloat64(aggregated[levelWarning])
+	c.observe(ln(levelWarning, "forward", "one more", at))
+	if testutil.ToFloat64(aggregated[levelWarning]) != before+1 {
+		t.Error("a line at the end of the window was not combined")
+	}
+}
+
+// TestSteadyStormStaysCombined: a storm of one distinct line a minute
+// never leaves its window: each new line comes within combineWindow of the
+// one before, so from the 11th on every line joins the combined event.
+func TestSteadyStormStaysCombined(t *testing.T) {
+	c := newCorrelator(1024, func(*entry) {})
+	at := epoch
+	for i := range 40 {
+		e := c.observe(ln(levelError, "errors", fmt.Sprintf("2 q%d.example.net. A: i/o timeout", i), at))
+		if i >= combineAfter && !e.key.combined() {
+			t.Fatalf("minute %d: the line is an event of its own, want it combined", i)
+		}
+		at = at.Add(time.Minute)
+	}
+}

@@ -1,0 +1,527 @@
+package k8s_event
+
+import (
+	"cmp"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// The scheduler owns every piece of state that decides what to write next:
+// the entries and their correlator, the token buckets, the requests in
+// flight, the settling entries, the ends of storms, backoffs, Retry-Afters
+// and the read of the pod. One goroutine runs it (pipeline.go), so no lock
+// guards it: that goroutine hands it one message at a time (a line, a
+// request's result, a reload, stop, the flush's deadline, a fatal line)
+// and then asks it what can be sent now (dispatch). The stepped fault
+// model drives these same methods, message by message, on a fake clock.
+//
+// Shutdown is a mode, not a second scheduler: backoffs are no longer
+// waited out (a failed write is tried again after flushPause), creates no
+// longer wait for the pod's UID, a Retry-After or a token that comes after
+// the deadline means the event is not tried again, and once nothing can
+// be sent before the deadline and nothing is in flight, what is left is
+// dropped with its cause.
+
+const (
+	// maxInFlight bounds the requests out at once for one bucket: with
+	// numBuckets buckets, at most 48 requests, each in a goroutine of its
+	// own, for at most writeTimeout. Tokens bound the requests that reach
+	// the server; this bounds goroutines and memory whatever BURST is.
+	maxInFlight = 8
+	// flushPause spaces the tries of a failed write during the flush at
+	// shutdown.
+	flushPause = 200 * time.Millisecond
+)
+
+// flight is what the scheduler keeps of a request in flight.
+type flight struct {
+	e      *entry // nil for a fatal line's create
+	bucket level
+	verb   verb
+	name   string // of the event written
+	count  int64  // the count written, from e.base
+	full   bool   // the count is 2^31-1: the object is full
+	retry  bool   // a create under a name tried before
+	read   bool   // a read of the pod, made for e's create
+}
+
+type scheduler struct {
+	set      config // rate and quiet; levels are the listener's
+	corr     *correlator
+	active   map[*entry]struct{} // entries with something to write, in flight, or waiting for their quiet
+	settling map[*entry]struct{} // evicted, and their latest write got no answer: at most cacheSize
+	ends     ends
+	buckets  [numBuckets]*bucket
+	flights  map[uint64]flight
+	lastID   uint64
+	pod      podIdentity
+	names    *eventNames
+	rand     *rand.Rand
+	// doubtful counts lines dropped whose latest write may have landed unanswered.
+	doubtful int64
+	settled  bool // an evicted entry began to settle: it may be sent now
+	// observed is the time of the latest line taken: a storm is not said to
+	// end while lines of before its quiet may still be on their way.
+	observed time.Time
+	backlog  func() int             // lines waiting in the hand-off
+	report   func(time.Time, error) // says why a write failed
+
+	flushPause time.Duration
+	stopping   bool
+	expired    bool // the flush's deadline passed: nothing more is sent
+	deadline   time.Time
+}
+
+func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
+	s := &scheduler{
+		set:        set,
+		active:     map[*entry]struct{}{},
+		settling:   map[*entry]struct{}{},
+		flights:    map[uint64]flight{},
+		pod:        pod,
+		names:      newEventNames(),
+		rand:       rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		backlog:    func() int { return 0 },
+		report:     func(time.Time, error) {},
+		flushPause: flushPause,
+	}
+	s.corr = newCorrelator(set.cacheSize, s.evicted)
+	for b := range s.buckets {
+		s.buckets[b] = newBucket(set.qps, set.burst, now)
+	}
+	return s
+}
+
+// observe takes one line. It tells whether the line may let a request go
+// now: its event had nothing pending and nothing in flight.
+func (s *scheduler) observe(ln line) bool {
+	e := s.corr.observe(ln)
+	if ln.at.After(s.observed) {
+		s.observed = ln.at
+	}
+	s.active[e] = struct{}{}
+	settled := s.settled
+	s.settled = false
+	return settled || e.pending() == 1 && e.inflight == 0
+}
+
+// apply takes new settings without losing what is pending.
+func (s *scheduler) apply(set config, now time.Time) {
+	for _, b := range s.buckets {
+		b.set(set.qps, set.burst, now)
+	}
+	s.set = set
+	s.corr.resize(set.cacheSize)
+	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
+		for _, e := range s.corr.cache.Values() {
+			if _, ok := quietAt(e, set.quiet); ok {
+				s.active[e] = struct{}{}
+			}
+		}
+	}
+	for _, e := range s.settlingEntries() {
+		if len(s.settling) <= set.cacheSize {
+			break
+		}
+		if e.inflight == 0 { // one in flight may land with every line: retire decides once it is back
+			delete(s.settling, e)
+			delete(s.active, e)
+			s.drop(e, dropEvicted)
+		}
+	}
+	s.ends.trim(s.endLimit())
+}
+
+// endLimit is how many ends may wait: none while quiet is off.
+func (s *scheduler) endLimit() int {
+	if s.set.quiet <= 0 {
+		return 0
+	}
+	return s.set.cacheSize
+}
+
+// stop starts the flush: from now on no backoff is waited out, and
+// nothing is sent after timeout.
+func (s *scheduler) stop(now time.Time, timeout time.Duration) {
+	s.stopping, s.deadline = true, now.Add(timeout)
+	for e := range s.active {
+		e.retryAt = time.Time{}
+	}
+	for _, e := range s.ends.list {
+		e.retryAt = time.Time{}
+	}
+}
+
+// expire says the flush's time is up: nothing more is sent.
+func (s *scheduler) expire() { s.expired = true }
+
+// finished tells, after a dispatch that returned reqs and wake, that the
+// flush is over: nothing in flight, and nothing to send before the deadline.
+func (s *scheduler) finished(reqs []request, wake time.Time) bool {
+	if !s.stopping || len(s.flights) > 0 || len(reqs) > 0 {
+		return false
+	}
+	return s.expired || wake.IsZero() || wake.After(s.deadline)
+}
+
+// dropRemaining drops what the flush left, with cause shutdown.
+func (s *scheduler) dropRemaining() {
+	for _, e := range s.corr.cache.Values() {
+		s.drop(e, dropShutdown)
+	}
+	for e := range s.active {
+		s.drop(e, dropShutdown)
+	}
+	clear(s.active)
+	clear(s.settling)
+	s.ends.list = nil // they carry no lines: nothing to account for
+}
+
+// dispatch decides what can be sent now, takes a token for each request
+// and returns them, with the time it must be asked again (zero: only when
+// a message comes).
+func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
+	if s.expired {
+		return nil, time.Time{}
+	}
+	soon := func(at time.Time) {
+		if s.stopping && at.After(s.deadline) {
+			return
+		}
+		if wake.IsZero() || at.Before(wake) {
+			wake = at
+		}
+	}
+	for _, e := range s.decideEnds(s.order(), now, soon) {
+		at, ok := s.dueAt(e)
+		if !ok {
+			continue
+		}
+		if at.After(now) {
+			soon(at)
+			continue
+		}
+		b := bucketOf(e)
+		bk := s.buckets[b]
+		if bk.inFlight() >= maxInFlight {
+			continue // a result comes, and asks again
+		}
+		if e.end != nil || e.name == "" {
+			if w, must := s.pod.readDue(now, s.stopping); must {
+				if w != 0 {
+					if w > 0 {
+						soon(now.Add(w))
+					}
+					continue
+				}
+				id := s.nextID()
+				if !bk.take(id, now) {
+					s.deferred(e, b)
+					soon(now.Add(bk.wait(now)))
+					continue
+				}
+				s.flights[id] = flight{e: e, bucket: b, verb: s.pod.verb, read: true}
+				reqs = append(reqs, s.pod.read(id))
+				continue
+			}
+		}
+		id := s.nextID()
+		if !bk.take(id, now) {
+			s.deferred(e, b)
+			soon(now.Add(bk.wait(now)))
+			continue
+		}
+		reqs = append(reqs, s.prepare(e, id, b, now))
+	}
+	return reqs, wake
+}
+
+// decideEnds ends the storms of es whose quiet is up, tells soon when the
+// next one is, and returns es with the ends to write after it.
+func (s *scheduler) decideEnds(es []*entry, now time.Time, soon func(time.Time)) []*entry {
+	for _, e := range es {
+		at, ok := quietAt(e, s.set.quiet)
+		switch {
+		case !ok:
+		case at.After(now):
+			soon(at)
+		case s.backlog() > 0 && s.observed.Before(e.last.Add(s.set.quiet)):
+			soon(now.Add(handOffWait)) // a line of before the quiet may be on its way
+		default:
+			s.ends.add(endOf(e, now), s.endLimit())
+			delete(s.active, e)
+		}
+	}
+	return append(es, s.ends.list...)
+}
+
+// order lists the entries that may have something to send or a quiet to
+// wait for, in the order they take tokens: the settling ones, then the
+// least recently seen. Entries with nothing left to do leave the active set.
+func (s *scheduler) order() []*entry {
+	out := s.settlingEntries()
+	n := len(out)
+	for e := range s.active {
+		if _, ok := s.settling[e]; ok {
+			continue
+		}
+		if e.inflight == 0 && (e.pending() == 0 || e.dropped > 0) {
+			if _, watch := quietAt(e, s.set.quiet); !watch {
+				delete(s.active, e)
+				continue
+			}
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out[n:], func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// settlingEntries lists the settling entries, oldest first.
+func (s *scheduler) settlingEntries() []*entry {
+	out := make([]*entry, 0, len(s.settling))
+	for e := range s.settling {
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b *entry) int { return cmp.Or(a.first.Compare(b.first), cmp.Compare(a.seq, b.seq)) })
+	return out
+}
+
+// dueAt is when e may send its next request, tokens aside; false when it
+// has nothing to send, or never will before the flush ends.
+func (s *scheduler) dueAt(e *entry) (time.Time, bool) {
+	if e.inflight != 0 || e.end == nil && (e.pending() == 0 || e.dropped > 0) {
+		return time.Time{}, false
+	}
+	at := e.retryAt
+	if e.asked.After(at) {
+		at = e.asked
+	}
+	if s.stopping && at.After(s.deadline) {
+		return time.Time{}, false
+	}
+	return at, true
+}
+
+func bucketOf(e *entry) level {
+	if e.end != nil {
+		return endBucket
+	}
+	return e.key.level
+}
+
+func (s *scheduler) nextID() uint64 {
+	s.lastID++
+	return s.lastID
+}
+
+// deferred counts an event that found its bucket empty, once until its next request.
+func (s *scheduler) deferred(e *entry, b level) {
+	if e.deferred {
+		return
+	}
+	e.deferred = true
+	if b == endBucket {
+		throttledEnd[e.key.level].Inc()
+	} else {
+		throttled[b].Inc()
+	}
+}
+
+// prepare makes the request that writes e, with the token id of bucket b.
+func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request {
+	f := flight{e: e, bucket: b}
+	var spec writeSpec
+	if e.end != nil {
+		spec = writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at, last: e.end.at, end: true}
+	} else {
+		// An event's count is an int32: lines past it go to a new object.
+		f.count = e.seen - e.base
+		if f.full = f.count >= math.MaxInt32; f.full {
+			f.count = math.MaxInt32
+		}
+		spec = writeSpec{key: e.key, message: e.message, count: f.count, first: e.first, last: e.last, name: e.name}
+	}
+	e.inflight, e.deferred = id, false
+	ns := s.pod.namespace()
+	if spec.name != "" {
+		f.verb, f.name = verbPatch, spec.name
+		s.flights[id] = f
+		return request{id: id, verb: verbPatch, namespace: ns, name: spec.name, patch: countPatch(spec)}
+	}
+	f.verb, f.name, f.retry = verbCreate, e.tried, e.tried != ""
+	if f.name == "" {
+		f.name = s.names.next(s.pod.ref.Name, now)
+	}
+	s.flights[id] = f
+	return request{id: id, verb: verbCreate, namespace: ns, event: newEvent(s.pod.ref, s.pod.node, ns, f.name, spec)}
+}
+
+// fatal takes a token for a fatal line and makes its create; false when
+// the bucket has none. It waits for nothing: not for the pod's UID, not
+// for any other request.
+func (s *scheduler) fatal(ln line, now time.Time) (request, bool) {
+	id := s.nextID()
+	if bk := s.buckets[levelFatal]; bk.inFlight() >= maxInFlight || !bk.take(id, now) {
+		throttled[levelFatal].Inc()
+		return request{}, false
+	}
+	msg := eventMessage(ln.text)
+	spec := writeSpec{key: eventKey{level: levelFatal, plugin: ln.plugin, message: msg}, message: msg, count: 1, first: ln.at, last: ln.at}
+	ns, name := s.pod.namespace(), s.names.next(s.pod.ref.Name, now)
+	s.flights[id] = flight{bucket: levelFatal, verb: verbCreate, name: name}
+	return request{id: id, verb: verbCreate, namespace: ns, event: newEvent(s.pod.ref, s.pod.node, ns, name, spec)}, true
+}
+
+// outcome takes the result of a request.
+func (s *scheduler) outcome(res result, now time.Time) {
+	f, ok := s.flights[res.id]
+	if !ok {
+		return
+	}
+	delete(s.flights, res.id)
+	s.buckets[f.bucket].settle(res.id, res.reached, now)
+	switch {
+	case f.e == nil: // a fatal line's: its caller keeps its account
+		if res.unsure {
+			s.doubtful++
+		}
+		countAnswer(res, "")
+		if res.err == nil {
+			eventWrites.WithLabelValues(levelFatal.reason(), "create").Inc()
+		}
+	case f.read:
+		countAnswer(res, "")
+		s.report(now, s.pod.readDone(res, now, s.rand))
+	case f.e.end != nil:
+		f.e.inflight = 0
+		s.endDone(f.e, f, res, now)
+	default:
+		f.e.inflight = 0
+		s.linesDone(f.e, f, res, now)
+		s.retire(f.e)
+	}
+}
+
+// linesDone books the result of a write of an event's lines.
+func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
+	expected := ""
+	switch res.outcome {
+	case writeOK:
+		e.carry(e.base + f.count)
+		e.name, e.tried, e.doubt, e.failures, e.retryAt, e.asked = f.name, "", 0, 0, time.Time{}, time.Time{}
+		e.stormWritten = true
+		if f.full {
+			e.base += f.count
+			e.name = ""
+		}
+		eventWrites.WithLabelValues(e.key.level.reason(), f.verb.String()).Inc()
+	case writeGone: // the event expired or was deleted: create it anew
+		e.name, e.doubt, expected = "", 0, "gone"
+	case writeExists:
+		if f.retry { // a create that got no answer had been applied: patch it
+			e.carry(e.triedCount) // the least it holds: an unanswered retry may have been the one applied
+			e.name, e.tried, expected = f.name, "", "exists"
+		} else { // another writer's event has this name: take a new one
+			e.tried, expected = "", "name_taken"
+		}
+	case writeRefused:
+		e.retryAt = now.Add(rejectPause)
+		if s.stopping {
+			e.retryAt = s.deadline.Add(time.Nanosecond) // the flush does not try it again
+		}
+		s.report(now, res.err)
+	default:
+		if res.unsure {
+			e.doubt = e.base + f.count
+			if f.verb == verbCreate && !f.retry {
+				e.tried, e.triedCount = f.name, e.doubt // it may have been applied: retry under the same name
+			}
+		}
+		s.failed(e, res, now)
+	}
+	countAnswer(res, expected)
+}
+
+// endDone books the result of a write of an end.
+func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
+	expected := ""
+	switch res.outcome {
+	case writeOK, writeExists:
+		if res.outcome == writeExists && !f.retry { // the name is another's: take a new one
+			e.tried, expected = "", "name_taken"
+			break
+		}
+		if res.outcome == writeExists {
+			expected = "exists" // written by an earlier try
+		}
+		s.ends.remove(e)
+		e.name, e.tried = f.name, ""
+		eventWrites.WithLabelValues(endReason(e.key.level), "create").Inc()
+		ended[e.key.level].Inc()
+	case writeRefused: // said once in the log; the end is given up
+		s.ends.remove(e)
+		s.report(now, res.err)
+	default:
+		if res.unsure {
+			e.tried = f.name // it may have been applied: retry under the same name
+		}
+		s.failed(e, res, now)
+	}
+	countAnswer(res, expected)
+	// A reload during the request may have turned quiet off or shrunk the
+	// cache: an end still to write is held to them once it is back.
+	s.ends.trim(s.endLimit())
+}
+
+// failed books a write that may pass if tried again: after a backoff, or
+// the flush's pause, and no sooner than a Retry-After asks.
+func (s *scheduler) failed(e *entry, res result, now time.Time) {
+	e.asked = now.Add(res.retryAfter)
+	e.failures++
+	if s.stopping {
+		e.retryAt = now.Add(max(s.flushPause, res.retryAfter))
+	} else {
+		e.retryAt = now.Add(backoff(s.rand, e.failures, res.retryAfter))
+	}
+	s.report(now, res.err)
+}
+
+// evicted is told of an entry that left the cache.
+func (s *scheduler) evicted(e *entry) {
+	e.evicted = true
+	s.retire(e)
+}
+
+// retire decides the fate of an evicted entry once no write of it is in
+// flight: its pending lines are dropped, unless its latest write got no
+// answer; then it stays, for as long as there is room, until one more
+// write settles what the API holds.
+func (s *scheduler) retire(e *entry) {
+	if !e.evicted || e.inflight != 0 {
+		return
+	}
+	if e.doubt > 0 && e.pending() > 0 {
+		// A reload that shrank the cache left an entry in flight settling
+		// beyond the new size: it goes once its write is back.
+		if _, ok := s.settling[e]; ok && len(s.settling) <= s.set.cacheSize || !ok && len(s.settling) < s.set.cacheSize {
+			s.settling[e] = struct{}{}
+			s.active[e] = struct{}{}
+			s.settled = true
+			return
+		}
+	}
+	delete(s.settling, e)
+	delete(s.active, e)
+	s.drop(e, dropEvicted)
+}
+
+// drop gives up the pending lines of e.
+func (s *scheduler) drop(e *entry, reason dropReason) {
+	if e.doubt > 0 && e.pending() > 0 {
+		s.doubtful += min(e.doubt-e.carried, e.pending())
+	}
+	e.tally.drop(reason)
+}

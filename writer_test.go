@@ -1,0 +1,185 @@
+package k8s_event
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/klog/v2"
+)
+
+func statusError(code int) error {
+	return &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: int32(code), Reason: statusReasons[code]}}
+}
+
+// TestClassify: what a retry may change is retried, and what may have been
+// applied is said to be unsure; 4xx but 401, 408, 409 and 429 are final.
+func TestClassify(t *testing.T) {
+	gr := schema.GroupResource{Resource: "events"}
+	for _, tt := range []struct {
+		name       string
+		reached    bool
+		err        error
+		outcome    writeOutcome
+		unsure     bool
+		retryAfter time.Duration
+	}{
+		{"ok", true, nil, writeOK, false, 0},
+		{"refused connection", false, errRefused, writeFailed, false, 0},
+		{"no answer", true, fmt.Errorf("read tcp: %w", context.DeadlineExceeded), writeFailed, true, 0},
+		{"500", true, apierrors.NewInternalError(errors.New("etcd")), writeFailed, true, 0},
+		{"503", true, apierrors.NewServiceUnavailable("down"), writeFailed, true, 0},
+		{"504", true, apierrors.NewTimeoutError("etcd", 0), writeFailed, true, 0},
+		{"401", true, apierrors.NewUnauthorized("rotated"), writeFailed, false, 0},
+		{"408", true, statusError(http.StatusRequestTimeout), writeFailed, false, 0},
+		{"409", true, apierrors.NewConflict(gr, "x", errors.New("conflict")), writeFailed, false, 0},
+		{"429", true, apierrors.NewTooManyRequests("busy", 7), writeFailed, false, 7 * time.Second},
+		{"400", true, apierrors.NewBadRequest("bad"), writeRefused, false, 0},
+		{"403", true, apierrors.NewForbidden(gr, "x", errors.New("rbac")), writeRefused, false, 0},
+		{"404", true, apierrors.NewNotFound(gr, "x"), writeRefused, false, 0},
+		{"422", true, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, "x", nil), writeRefused, false, 0},
+		{"418", true, statusError(http.StatusTeapot), writeRefused, false, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			res := classify(tt.reached, tt.err)
+			if res.outcome != tt.outcome || res.unsure != tt.unsure || res.retryAfter != tt.retryAfter || res.reached != tt.reached {
+				t.Errorf("outcome %d unsure %v retry after %v reached %v, want %d %v %v %v",
+					res.outcome, res.unsure, res.retryAfter, res.reached, tt.outcome, tt.unsure, tt.retryAfter, tt.reached)
+			}
+		})
+	}
+}
+
+// TestDoSortsAnswers: do tells a request that never left from one that
+// got no answer, an event gone on patch from a name taken on create, and a
+// pod not found by its list.
+func TestDoSortsAnswers(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
+	spec := writeSpec{key: errorKey("x"), message: "plugin/errors: x", count: 1, first: clk.Now(), last: clk.Now()}
+	create := request{id: 1, verb: verbCreate, namespace: "kube-system", event: newEvent(testRef, testNode, "kube-system", "ev-1", spec)}
+	ctx := context.Background()
+	if res := do(ctx, h.client, create); res.outcome != writeOK || !res.reached || res.id != 1 {
+		t.Fatalf("create: %+v", res)
+	}
+	if res := do(ctx, h.client, create); res.outcome != writeExists {
+		t.Errorf("create of a name taken: outcome %d, want writeExists", res.outcome)
+	}
+	patch := request{id: 2, verb: verbPatch, namespace: "kube-system", name: "ev-2", patch: countPatch(spec)}
+	if res := do(ctx, h.client, patch); res.outcome != writeGone {
+		t.Errorf("patch of an event gone: outcome %d, want writeGone", res.outcome)
+	}
+	list := request{id: 3, verb: verbListPod, namespace: "kube-system", name: "coredns-9"}
+	if res := do(ctx, h.client, list); res.outcome != writeRefused || !apierrors.IsNotFound(res.err) {
+		t.Errorf("list of no pod: outcome %d, %v, want not found", res.outcome, res.err)
+	}
+	api.setFault(func(apiRequest) fault { return fault{unsent: true} })
+	if res := do(ctx, h.client, create); res.reached || res.outcome != writeFailed || res.unsure {
+		t.Errorf("unsent: %+v", res)
+	}
+	api.setFault(func(apiRequest) fault { return fault{lost: true} })
+	if res := do(ctx, h.client, patch); !res.reached || res.outcome != writeFailed || !res.unsure {
+		t.Errorf("lost: %+v", res)
+	}
+}
+
+// TestOneRequestPerToken: client-go would retry a 429 with Retry-After
+// inside one call, up to ten times; every retry is a request that reaches
+// the API, so each takes its own token and none is made inside a call.
+func TestOneRequestPerToken(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 1e-6, 3, 64))
+	api.setFault(func(r apiRequest) fault { return fault{code: http.StatusTooManyRequests, retryAfter: 1} })
+	h.observe(ln(levelError, "errors", "busy", clk.Now()))
+	start := time.Now()
+	for range 10 {
+		h.advance(retryMax * 2)
+	}
+	if c, _ := api.writes(); c != 3 {
+		t.Errorf("%d requests reached the API, want 3: the burst", c)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("three answers of 429 asking for 1 s took %v: the client waited them out itself", took)
+	}
+}
+
+// TestNoClientRateLimiter: the client's own rate limiter (5 a second,
+// burst 10, for all reasons together) would hold up requests the buckets
+// allow: none is in the way.
+func TestNoClientRateLimiter(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 1000, 100, 1024))
+	for i := range 40 {
+		h.observe(ln(levelError, fmt.Sprint("p", i), "line", clk.Now()))
+	}
+	start := time.Now()
+	drain(h)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("40 creates took %v: a client rate limiter of 5 a second is in the way", took)
+	}
+	if c, _ := api.writes(); c != 40 {
+		t.Errorf("%d creates, want 40", c)
+	}
+}
+
+// TestRequestsLogNowhere: client-go logs about a request through its
+// context's logger; a line it logged could come back as an event.
+func TestRequestsLogNowhere(t *testing.T) {
+	p, _, _ := newTestPipeline(t, testConfig(all, 1, 1, 1))
+	if sink := klog.FromContext(p.ctx).GetSink(); sink != nil {
+		t.Errorf("requests log through %T", sink)
+	}
+}
+
+// TestRejectionLogOncePerMinute: why writes fail is said at most once a
+// minute, with a hint of the cause.
+func TestRejectionLogOncePerMinute(t *testing.T) {
+	var buf strings.Builder
+	log.SetOutput(&buf)
+	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	var r rejectionLog
+	err := errors.New("boom")
+	r.report(epoch, nil, "ns") // nothing to say
+	for i := range 10 {
+		r.report(epoch.Add(time.Duration(i)*time.Second), err, "ns")
+	}
+	r.report(epoch.Add(time.Minute), apierrors.NewForbidden(schema.GroupResource{Resource: "events"}, "x", errors.New("rbac")), "ns")
+	out := buf.String()
+	if n := strings.Count(out, "writing event: "); n != 2 {
+		t.Errorf("%d lines in 70 s, want 2:\n%s", n, out)
+	}
+	if !strings.Contains(out, "boom: will retry") || !strings.Contains(out, "grant create and patch on events") {
+		t.Errorf("no hint of the causes:\n%s", out)
+	}
+}
+
+// TestRefusalSaidInTheLog: a refusal met by the pipeline is said through
+// the package logger, once a minute, with its hint.
+func TestRefusalSaidInTheLog(t *testing.T) {
+	p, api, _ := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	var logged strings.Builder
+	log.SetOutput(&logged)
+	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	api.setFault(func(apiRequest) fault { return fault{code: http.StatusForbidden} })
+	p.start()
+	for i := range 3 {
+		p.listener.Errorf("plugin/errors: ", "refused %d", i)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, _ := api.writes(); c == 3 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p.stop(100 * time.Millisecond)
+	if n := strings.Count(logged.String(), "grant create and patch on events"); n != 1 {
+		t.Errorf("said %d times why the writes failed, want once:\n%s", n, logged.String())
+	}
+}
