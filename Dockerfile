@@ -7,6 +7,9 @@
 #     --build-arg VERSION=$(cat VERSION) --build-arg COREDNS_VERSION=1.15.0 \
 #     -t REGISTRY/coredns-k8s-event:TAG .
 # (the labels take VERSION and COREDNS_VERSION from the build arguments).
+# cmd/coredns is a module of its own; COREDNS_VERSION other than the one
+# its go.mod requires builds on that release, as `make image
+# COREDNS_VERSION=...` does (hack/coredns.sh), from the plugin's floor up.
 # `make image` writes the same image without a builder daemon; the
 # settings below match hack/image's (hack/image/dockerfile_test.go checks).
 ARG GO_VERSION=1.26
@@ -14,13 +17,16 @@ FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends libcap2-bin ca-certificates
 WORKDIR /src
 COPY go.mod go.sum ./
-RUN go mod download
+COPY cmd/coredns/go.mod cmd/coredns/go.sum ./cmd/coredns/
+RUN cd cmd/coredns && go mod download
 COPY . .
 ARG TARGETOS TARGETARCH
 ARG REVISION=unknown
-RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath \
+ARG COREDNS_VERSION=
+RUN modfile=$(if [ -n "${COREDNS_VERSION}" ]; then K8S_EVENT_CACHE=/tmp/cache hack/coredns.sh modfile "${COREDNS_VERSION}"; fi) && \
+    CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -C cmd/coredns $modfile -trimpath \
       -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=k8s_event-$(cat VERSION)+${REVISION}" \
-      -o /coredns ./cmd/coredns && \
+      -o /coredns . && \
     setcap cap_net_bind_service=+ep /coredns
 
 FROM gcr.io/distroless/static-debian12:nonroot

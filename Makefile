@@ -11,7 +11,12 @@ FUZZTIME ?= 60s
 VERSION := $(shell cat VERSION)
 # REVISION is the commit, with -dirty when the tree differs from it.
 REVISION := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(shell [ -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && echo -dirty)
-COREDNS_VERSION := $(shell $(GO) list -m -f '{{.Version}}' github.com/coredns/coredns | sed 's/^v//')
+# cmd/coredns is a module of its own: it requires the CoreDNS the image
+# ships by default (the newest), while the plugin's go.mod requires the
+# oldest it supports (the floor). `make image COREDNS_VERSION=1.13.1`
+# builds on another release, from the floor up (hack/coredns.sh).
+COREDNS_VERSION ?= $(shell hack/coredns.sh default | sed 's/^v//')
+COREDNS_FLOOR = $(shell hack/coredns.sh floor | sed 's/^v//')
 # coredns -version names the k8s_event build in its commit field. The
 # Dockerfile builds with the same flags.
 LDFLAGS := -s -w -X github.com/coredns/coredns/coremain.GitCommit=k8s_event-$(VERSION)+$(REVISION)
@@ -39,22 +44,23 @@ NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 with_tools = tools_env=$$(hack/tools.sh env $(NODE)); set -a; eval "$$tools_env"; set +a;
 with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(NODE)); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build build-check image release tools test test-unit test-faults test-e2e demo bench fuzz mutate mutate-contract clean
+.PHONY: all build build-check image release tools test test-unit test-newest test-floor test-faults test-e2e demo bench fuzz mutate mutate-contract clean
 
 all: build
 
 # build is a static CoreDNS with every in-tree plugin, kubeapi and k8s_event.
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/coredns ./cmd/coredns
+	modfile=$$(hack/coredns.sh modfile $(COREDNS_VERSION)); \
+		CGO_ENABLED=0 $(GO) build -C cmd/coredns $$modfile -trimpath -ldflags "$(LDFLAGS)" -o $(CURDIR)/bin/coredns .
 
 # image cross-builds CoreDNS for PLATFORMS and writes their image, a
 # multi-platform OCI index, as an archive for `ctr -n k8s.io images
 # import`, `kind load image-archive` or `docker load`; no registry and no
 # builder daemon are needed. The Dockerfile builds the same image.
 image:
-	for p in $(PLATFORMS); do \
-		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
-			-o bin/$${p%/*}-$${p#*/}/coredns ./cmd/coredns; \
+	modfile=$$(hack/coredns.sh modfile $(COREDNS_VERSION)); for p in $(PLATFORMS); do \
+		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -C cmd/coredns $$modfile -trimpath -ldflags "$(LDFLAGS)" \
+			-o $(CURDIR)/bin/$${p%/*}-$${p#*/}/coredns .; \
 	done
 	$(GO) run ./hack/image $(foreach p,$(PLATFORMS),-binary $(p)=$(call platform_bin,$(p))) \
 		-name $(IMAGE_NAME) -tag '$(IMAGE_TAG)' -version $(VERSION) -revision $(REVISION) \
@@ -76,7 +82,23 @@ tools:
 
 # The unit tests come first: they need no tool, and a clone runs them
 # before the tools' first build.
-test: test-unit tools test-faults build-check test-e2e
+test: test-unit tools test-faults test-newest test-floor build-check test-e2e
+
+# The plugin's go.mod requires the oldest CoreDNS it supports (the floor):
+# test-unit runs its tests there. test-newest runs the plugin's tests
+# again on the CoreDNS the image ships (cmd/coredns's), through a copy of
+# go.mod raised to it; test-floor checks that a CoreDNS tree at the floor
+# builds with k8s_event and keeps its own CoreDNS and client-go.
+test-newest:
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	cp go.mod "$$tmp/go.mod"; cp go.sum "$$tmp/go.sum"; \
+	$(GO) get -modfile="$$tmp/go.mod" github.com/coredns/coredns@$$(hack/coredns.sh default); \
+	$(GO) mod tidy -modfile="$$tmp/go.mod"; \
+	$(GO) list -modfile="$$tmp/go.mod" -m github.com/coredns/coredns k8s.io/client-go; \
+	$(GO) vet -modfile="$$tmp/go.mod" . && $(GO) test -modfile="$$tmp/go.mod" -race -count=1 .
+
+test-floor:
+	hack/coredns.sh consumer
 
 # build-check builds the CoreDNS of cmd/coredns and checks that it has both plugins.
 build-check: build

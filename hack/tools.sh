@@ -7,7 +7,10 @@
 # tools/containerd/go.mod, plus Debian's runc, CNI plugins, iptables and
 # conntrack; Prometheus with promtool, from Debian's package, for the
 # alerting rules' tests; and an OpenTelemetry Collector from
-# tools/otelcol/go.mod for the event-routing recipe's test. Each binary is
+# tools/otelcol/go.mod for the event-routing recipe's test; for the node,
+# the stock CoreDNS its lifecycle test starts from, from that release's
+# own module (tools/coredns/go.mod); and helm from tools/helm/go.mod,
+# which renders the helm values' test data. Each binary is
 # cached outside the repository in $K8S_EVENT_CACHE/<name>-<version>/ and
 # built only when missing. A build goes to a temporary directory that is
 # renamed into place, so concurrent runs never see a half-written binary.
@@ -27,6 +30,7 @@
 #                                the node's binaries but kubeadm); no
 #                                collector, Prometheus or kubeadm
 #   hack/tools.sh dnsperf        install Debian's dnsperf when it is missing
+#   hack/tools.sh helm           build helm, then print its path
 #   hack/tools.sh clean          remove the cache
 set -euo pipefail
 
@@ -174,6 +178,15 @@ install_node() {
 	CONTAINERD=$(build containerd "$ctrd" github.com/containerd/containerd/v2/cmd/containerd "$vflag" "$containerd_mod")
 	CONTAINERD_SHIM=$(build containerd-shim-runc-v2 "$ctrd" github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 "$vflag" "$containerd_mod")
 	CTR=$(build ctr "$ctrd" github.com/containerd/containerd/v2/cmd/ctr "$vflag" "$containerd_mod")
+	local stock
+	stock=$(module_version github.com/coredns/coredns "$tools_mod/coredns")
+	COREDNS_STOCK=$(build coredns-stock "$stock" github.com/coredns/coredns "" "$tools_mod/coredns")
+}
+
+install_helm() {
+	local v
+	v=$(module_version helm.sh/helm/v3 "$tools_mod/helm")
+	build helm "$v" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$v" "$tools_mod/helm"
 }
 
 print_env() {
@@ -183,6 +196,7 @@ print_env() {
 		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER"
 		if [[ -n ${KUBEADM:-} ]]; then printf "KUBEADM=%q\n" "$KUBEADM"; fi
 		printf "CONTAINERD=%q\nCONTAINERD_SHIM=%q\nCTR=%q\n" "$CONTAINERD" "$CONTAINERD_SHIM" "$CTR"
+		if [[ -n ${COREDNS_STOCK:-} ]]; then printf "COREDNS_STOCK=%q\n" "$COREDNS_STOCK"; fi
 	fi
 	if [[ -n ${PROMETHEUS:-} ]]; then printf "PROMETHEUS=%q\nPROMTOOL=%q\n" "$PROMETHEUS" "$PROMTOOL"; fi
 	if command -v dnsperf >/dev/null; then printf "DNSPERF=%q\n" "$(command -v dnsperf)"; fi
@@ -209,11 +223,14 @@ demo-env)
 dnsperf)
 	install_dnsperf
 	;;
+helm)
+	install_helm
+	;;
 clean)
 	rm -rf "$cache"
 	;;
 *)
-	echo "usage: $0 [install|node|env [node]|demo-env [node]|dnsperf|clean]" >&2
+	echo "usage: $0 [install|node|env [node]|demo-env [node]|dnsperf|helm|clean]" >&2
 	exit 2
 	;;
 esac

@@ -19,10 +19,11 @@ import (
 	"github.com/dnsops/k8s_event/internal/image"
 )
 
-// corednsVersion is the CoreDNS module this repository builds on.
+// corednsVersion is the CoreDNS the image builds on by default: the one
+// cmd/coredns, a module of its own, requires.
 var corednsVersion = sync.OnceValue(func() string {
 	cmd := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "github.com/coredns/coredns")
-	cmd.Dir = repoRoot
+	cmd.Dir = filepath.Join(repoRoot, "cmd", "coredns")
 	out, err := cmd.Output()
 	if err != nil {
 		return "unknown"

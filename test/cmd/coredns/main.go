@@ -1,5 +1,7 @@
 // Command coredns is the CoreDNS of cmd/coredns plus logline, a plugin that
-// logs on demand, for the end-to-end tests, benchmarks and the demo.
+// logs on demand, for the end-to-end tests, benchmarks and the demo. It is
+// part of the plugin's own module, so it builds on the CoreDNS the plugin's
+// go.mod requires (its floor), where cmd/coredns builds on the image's.
 package main
 
 import (

@@ -3,11 +3,7 @@
 package node
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,8 +32,9 @@ import (
 )
 
 // stockImage is the image kubeadm v1.35 names for CoreDNS. The node has no
-// registry: the test makes an image of that name from CoreDNS without
-// kubeapi and k8s_event, as the stock image is.
+// registry: the test makes an image of that name from that CoreDNS
+// release's own module, without kubeapi and k8s_event, as the stock image
+// is (stock_test.go).
 const stockImage = "registry.k8s.io/coredns/coredns:v1.13.1"
 
 // operatorCorefile is a cluster's Corefile as an operator changed it:
@@ -169,7 +166,8 @@ func TestLifecycle(t *testing.T) {
 		fmt.Fprintf(os.Stderr, "SKIP TestLifecycle: %v\n", err)
 		t.Skip(err)
 	}
-	archive := nodeImage(t)
+	// k8s_event goes onto the stock release: the install keeps CoreDNS's version.
+	archive := releaseImage(t, stockRelease(t))
 	tmp := t.TempDir()
 	stock := stockArchive(t, tmp)
 	bin := filepath.Join(tmp, "bin")
@@ -267,68 +265,6 @@ func build(t *testing.T, out, pkg string, env ...string) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
-}
-
-// stockArchive writes a docker-archive of CoreDNS as it is released,
-// without kubeapi and k8s_event, under the name kubeadm gives it.
-func stockArchive(t *testing.T, dir string) string {
-	bin := filepath.Join(dir, "coredns-stock")
-	build(t, bin, "github.com/coredns/coredns")
-	data, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	if err := tw.WriteHeader(&tar.Header{Name: "coredns", Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tw.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(layer.Bytes())
-	config, _ := json.Marshal(map[string]any{
-		"architecture": "amd64", "os": "linux",
-		"config": map[string]any{"Entrypoint": []string{"/coredns"}},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(sum[:])}},
-	})
-	if arch := goarch(t); arch != "amd64" {
-		config = bytes.Replace(config, []byte(`"amd64"`), []byte(`"`+arch+`"`), 1)
-	}
-	manifest, _ := json.Marshal([]map[string]any{{"Config": "config.json", "RepoTags": []string{stockImage}, "Layers": []string{"layer.tar"}}})
-	out := filepath.Join(dir, "coredns-stock.tar")
-	f, err := os.Create(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	aw := tar.NewWriter(f)
-	for _, e := range []struct {
-		name string
-		data []byte
-	}{{"config.json", config}, {"layer.tar", layer.Bytes()}, {"manifest.json", manifest}} {
-		if err := aw.WriteHeader(&tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.data)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := aw.Write(e.data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := aw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func goarch(t *testing.T) string {
-	out, err := exec.Command("go", "env", "GOARCH").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // stepProber asks the cluster DNS for the kubernetes Service every 20 ms
