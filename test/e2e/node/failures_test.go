@@ -46,7 +46,8 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 	c := lc.kube.Clientset
 	// The chart's defaults, and its ConfigMap as k3s lays it out.
 	cm := lc.configMap(l.config)
-	cm.Data["Corefile"] += fmt.Sprintf("example.test:%[1]d {\n    file /etc/coredns/db.example.test\n}\nnodes.test:%[1]d {\n    hosts /etc/coredns/NodeHosts\n}\n", l.port)
+	// The Corefile as kustomize wrote it ends without a newline.
+	cm.Data["Corefile"] = strings.TrimSuffix(cm.Data["Corefile"], "\n") + "\n" + fmt.Sprintf("example.test:%[1]d {\n    file /etc/coredns/db.example.test\n}\nnodes.test:%[1]d {\n    hosts /etc/coredns/NodeHosts\n}\n", l.port)
 	cm.Data["db.example.test"] = zoneFile
 	cm.Data["NodeHosts"] = "10.0.0.11 node-a.nodes.test\n"
 	cm.BinaryData = map[string][]byte{"site.bin": []byte("\x00\x01site\xff\xfe\x00\x02\x03\x04")}
