@@ -673,3 +673,53 @@ func TestFlushEndNotHeldByHungEvictedWrite(t *testing.T) {
 		t.Errorf("dropped %v, want only the warning's line", d.dropped)
 	}
 }
+
+// TestQuietAtCountsTheHandOffGrace: a written storm may end handOffGrace
+// after its quiet, no sooner; an entry that is no storm, or still has
+// lines to write, is not watched.
+func TestQuietAtCountsTheHandOffGrace(t *testing.T) {
+	storm := &entry{key: eventKey{level: levelError, plugin: "plugin/errors: ", message: "x"}, last: epoch, stormWritten: true}
+	storm.seen, storm.carried = stormLines, stormLines
+	if at, ok := quietAt(storm, time.Minute); !ok || !at.Equal(epoch.Add(time.Minute+handOffGrace)) {
+		t.Errorf("quietAt = %v, %v; want %v", at, ok, epoch.Add(time.Minute+handOffGrace))
+	}
+	if _, ok := quietAt(storm, 0); ok {
+		t.Error("watched with quiet off")
+	}
+	storm.seen++ // a line to write
+	if _, ok := quietAt(storm, time.Minute); ok {
+		t.Error("watched with a line pending")
+	}
+	short := &entry{key: storm.key, last: epoch, stormWritten: true}
+	short.seen, short.carried = stormLines-1, stormLines-1
+	if _, ok := quietAt(short, time.Minute); ok {
+		t.Errorf("an event of %d lines watched as a storm", stormLines-1)
+	}
+}
+
+// TestEndsKeepAtMostTheLimit: ends beyond the limit are not kept, and a
+// trim keeps the oldest, and those in flight.
+func TestEndsKeepAtMostTheLimit(t *testing.T) {
+	var q ends
+	es := make([]*entry, 4)
+	for i := range es {
+		es[i] = &entry{end: &endSpec{message: fmt.Sprint(i)}}
+		q.add(es[i], 3)
+	}
+	if len(q.list) != 3 || q.list[2] != es[2] {
+		t.Fatalf("kept %d ends, want the first 3", len(q.list))
+	}
+	q.trim(3)
+	if len(q.list) != 3 {
+		t.Errorf("a trim to the size kept %d", len(q.list))
+	}
+	es[2].inflight = 7
+	q.trim(1)
+	if len(q.list) != 2 || q.list[0] != es[0] || q.list[1] != es[2] {
+		t.Errorf("trim to 1 kept %d ends, want the oldest and the one in flight", len(q.list))
+	}
+	q.remove(es[0])
+	if len(q.list) != 1 || q.list[0] != es[2] {
+		t.Errorf("after remove: %d ends", len(q.list))
+	}
+}

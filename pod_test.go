@@ -325,3 +325,30 @@ func TestPodReadTakesTheCreatesToken(t *testing.T) {
 		}
 	})
 }
+
+// TestPodFromEnv: the downward API's variables name the pod; without a
+// UID it is to be read; without a name or namespace, events go to
+// namespace/default.
+func TestPodFromEnv(t *testing.T) {
+	t.Setenv(envPodName, "coredns-0")
+	t.Setenv(envNamespace, "kube-system")
+	t.Setenv(envPodUID, "uid-0")
+	t.Setenv(envNodeName, "node-0")
+	id := podFromEnv()
+	if id.ref != testRef || id.node != "node-0" || id.lookup {
+		t.Errorf("with every variable: %+v", id)
+	}
+	t.Setenv(envPodUID, "")
+	if id := podFromEnv(); !id.lookup || id.ref.UID != "" || id.verb != verbListPod {
+		t.Errorf("without the UID: %+v, want it read with list", id)
+	}
+	for _, unset := range []string{envPodName, envNamespace} {
+		t.Run(unset, func(t *testing.T) {
+			t.Setenv(unset, "")
+			id := podFromEnv()
+			if id.ref.Kind != "Namespace" || id.ref.Name != "default" || id.lookup || id.namespace() != "default" {
+				t.Errorf("without %s: %+v", unset, id)
+			}
+		})
+	}
+}
