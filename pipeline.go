@@ -24,13 +24,11 @@ const (
 //	listener (hook.go) --lines--> run: scheduler (scheduler.go) --requests--> writers (writer.go)
 //	                                ^-------------------- results -------------------'
 //
-// run is the only goroutine that touches the scheduler. It takes one
-// message at a time (a batch of lines, a result, the timer, a reload, stop,
-// the flush's deadline, a fatal line's request for a token), then asks the
-// scheduler what can be sent, hands each request to a writer goroutine of
-// its own, and arms its one timer for the next time something is due. It
-// never waits on I/O, so a fatal line gets its token at once however many
-// writers hang.
+// run is the only goroutine that touches the scheduler: one message at a
+// time (lines, a result, the timer, a reload, stop, the deadline, a fatal
+// line's request for a token), then what can be sent goes to writer
+// goroutines, and the one timer is armed for the next thing due. It never
+// waits on I/O, so a fatal line gets its token at once.
 type pipeline struct {
 	clock    clock.WithTicker
 	listener *listener

@@ -6,31 +6,20 @@ import (
 	"time"
 )
 
-// The token buckets. Each reason has a bucket of BURST tokens refilled at
-// QPS, and the ends of storms one more (endBucket). A request takes a
-// token when it is sent, so that the requests of a reason that reach the
-// API server over any time T are at most BURST + QPS x T, retries and pod
-// reads included. A request that never reached the server (its connection
-// was refused) gives its token back, but never more of it than the bucket
-// would hold had the request never been made: while it was out, the bucket
-// may have filled up and lost refills to its cap, and those are not given
-// back. So the bound holds for the requests that reached the server, and
-// a refused request costs nothing that the bound would miss.
-//
-// golang.org/x/time/rate cannot hand back a fraction of a token, which the
-// exact give-back needs: the bucket is this small type.
-
-// bucket is a token bucket with give-back. Owned by the scheduler's
-// goroutine; no lock.
+// The token buckets: one per reason of BURST tokens refilled at QPS, and
+// one for the ends of storms (endBucket). A request takes a token when it
+// is sent, retries and pod reads included, so the requests of a reason
+// that reach the API server over any T are at most BURST + QPS x T. One
+// that never reached the server gives its token back, exactly as far as
+// the bucket would hold had it never been made (x/time/rate cannot give
+// back part of a token). Owned by the scheduler's goroutine; no lock.
 //
 // The tokens at any time are the least, over every moment s before, of
 // BURST at s plus the refills since, less the tokens taken since (and
 // BURST now). A request handed back is taken out of every such sum it is
-// in: then the bucket holds exactly what it would had the request never
-// been made, whatever other requests are out and however they end. Only
-// the moments just before a take can be the least, and of those only the
-// ones that may still be, given the requests out, are kept: at most one
-// more than the requests out.
+// in. Only the moments just before a take can be the least, and of those
+// only the ones that may still be, given the requests out, are kept: at
+// most one more than the requests out.
 type bucket struct {
 	qps    float64
 	burst  float64

@@ -8,21 +8,13 @@ import (
 	"time"
 )
 
-// The scheduler owns every piece of state that decides what to write next:
-// the entries and their correlator, the token buckets, the requests in
-// flight, the settling entries, the ends of storms, backoffs, Retry-Afters
-// and the read of the pod. One goroutine runs it (pipeline.go), so no lock
-// guards it: that goroutine hands it one message at a time (a line, a
-// request's result, a reload, stop, the flush's deadline, a fatal line)
-// and then asks it what can be sent now (dispatch). The stepped fault
-// model drives these same methods, message by message, on a fake clock.
-//
-// Shutdown is a mode, not a second scheduler: backoffs are no longer
-// waited out (a failed write is tried again after flushPause), creates no
-// longer wait for the pod's UID, a Retry-After or a token that comes after
-// the deadline means the event is not tried again, and once nothing can
-// be sent before the deadline and nothing is in flight, what is left is
-// dropped with its cause.
+// The scheduler owns all the state that decides what to write next:
+// entries, buckets, requests in flight, settling entries, ends, backoffs,
+// Retry-Afters and the pod read. One goroutine (pipeline.go) hands it one
+// message at a time, then asks what can be sent (dispatch); the stepped
+// fault model drives these same methods on a fake clock. Shutdown is a
+// mode (stop): no backoff waited out, creates not waiting for the UID,
+// nothing sent after the deadline, and what is left dropped at the end.
 
 const (
 	// maxInFlight bounds the requests out at once for one bucket: with

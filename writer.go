@@ -119,12 +119,10 @@ func do(ctx context.Context, client kubernetes.Interface, r request) result {
 	return res
 }
 
-// send makes exactly one HTTP request, without client-go's retries on
-// Retry-After answers (a retry is a request, and takes its own token) and
-// without the client's own rate limiter (5 requests a second by default, for
-// all reasons together): the buckets are the limit. It tells whether the
-// request reached the API: whether its headers were written to a
-// connection. A request that could not connect did not.
+// send makes exactly one HTTP request: no client-go retry on Retry-After
+// (a retry takes its own token), no client rate limiter (the buckets are
+// the limit). reached tells whether its headers were written to a
+// connection: a request that could not connect did not reach the API.
 func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached bool, err error) {
 	var wrote atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
