@@ -109,8 +109,9 @@ test-unit:
 	$(GO) test -race -count=1 ./...
 
 # test-faults runs the fault models over many more seeds than test-unit
-# does: the stepped one without the race detector, the concurrent one (real
-# work queue, writers, correlator, reloads and stop in goroutines) with it.
+# does: the stepped one (the production scheduler on a fake clock) without
+# the race detector, the concurrent one (the scheduler's goroutine, writer
+# goroutines, reloads and stop) with it.
 FAULT_SEEDS ?= 2000
 CONCURRENT_SEEDS ?= 100
 test-faults:
