@@ -695,6 +695,12 @@ func TestQuietAtCountsTheHandOffGrace(t *testing.T) {
 	if _, ok := quietAt(short, time.Minute); ok {
 		t.Errorf("an event of %d lines watched as a storm", stormLines-1)
 	}
+	// After an end, only the lines since count.
+	again := &entry{key: storm.key, last: epoch, stormWritten: true, storm: 2 * stormLines}
+	again.seen, again.carried = 2*stormLines+1, 2*stormLines+1
+	if _, ok := quietAt(again, time.Minute); ok {
+		t.Error("a storm that came back with one line watched as a storm")
+	}
 }
 
 // TestEndsKeepAtMostTheLimit: ends beyond the limit are not kept, and a
