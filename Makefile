@@ -120,9 +120,12 @@ test-faults:
 
 # test-e2e runs the end-to-end tests; with NODE, the node tests run the
 # image that `make image` writes (they read its reference from the archive).
+# The packages run one at a time: the node tests of test/e2e/node and
+# internal/cluster take the machine's one node in turn, and a start waits
+# for it no longer than its start time-out.
 test-e2e: image
 	$(with_tools) K8S_EVENT_IMAGE=$(abspath $(IMAGE_ARCHIVE)) \
-		$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) ./test/e2e/... ./internal/cluster/...
+		$(GO) test -p 1 -tags e2e -count=1 -timeout $(E2E_TIMEOUT) ./test/e2e/... ./internal/cluster/...
 
 # demo runs a local Kubernetes and CoreDNS that reports its log lines as
 # events: with NODE, CoreDNS runs as the cluster's DNS from its image,
