@@ -387,17 +387,11 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	if err := checkOptions(o.Options); err != nil {
 		return err
 	}
-	d, err := findDeployment(ctx, c, o)
+	unlock, err := lockDeployment(ctx, c, o)
 	if err != nil {
 		return err
 	}
-	if !o.DryRun {
-		unlock, err := lock(ctx, c, d.Namespace, d.Name, 2*o.Wait+2*time.Minute)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-	}
+	defer unlock()
 	var p *installPlan
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		r.res.Changes, r.res.Warnings = []Change{}, nil
@@ -858,4 +852,14 @@ func ptrOr(p *int32, v int32) int32 {
 		return v
 	}
 	return *p
+}
+
+// lockDeployment finds the Deployment and, unless this is a dry run,
+// takes the lock that keeps other runs off it until unlock.
+func lockDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (unlock func(), err error) {
+	d, err := findDeployment(ctx, c, o)
+	if err != nil || o.DryRun {
+		return func() {}, err
+	}
+	return lock(ctx, c, d.Namespace, d.Name, 2*o.Wait+2*time.Minute)
 }

@@ -3,7 +3,6 @@ package install
 import (
 	"context"
 	"fmt"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,17 +23,11 @@ func Uninstall(ctx context.Context, c kubernetes.Interface, o Options) error {
 
 func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	o := r.o
-	d, err := findDeployment(ctx, c, o)
+	unlock, err := lockDeployment(ctx, c, o)
 	if err != nil {
 		return err
 	}
-	if !o.DryRun {
-		unlock, err := lock(ctx, c, d.Namespace, d.Name, 2*o.Wait+2*time.Minute)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-	}
+	defer unlock()
 	var before *appsv1.Deployment
 	var tmp *appsv1.DeploymentStrategy
 	var t *target
