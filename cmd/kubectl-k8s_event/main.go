@@ -121,11 +121,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Namespace, "n", "kube-system", "short for --namespace")
 	fs.StringVar(&o.Deployment, "deployment", "", "the CoreDNS Deployment (default: the one labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns)")
 	fs.StringVar(&o.Container, "container", "", "the CoreDNS container (default: coredns, or the only one)")
-	fs.StringVar(&o.Image, "image", "", "install: the CoreDNS image with k8s_event")
+	fs.StringVar(&o.Image, "image", "", "install: the CoreDNS image with k8s_event, on the CoreDNS release the Deployment runs (when not given, install names that release and how to build its image)")
 	fs.Var(&options, "option", "install: a line of the k8s_event block, e.g. 'level info warning error' (repeatable; default: none, the plugin's defaults)")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print what would change, change nothing")
 	fs.DurationVar(&o.Wait, "timeout", 5*time.Minute, "how long to wait for the rollout before putting back what was changed (0: do not wait)")
-	fs.BoolVar(&o.Force, "force", false, "go on where another owner keeps CoreDNS (addon manager, helm, Argo CD, Flux, k3s, a server-side applier), where the Corefile's ConfigMap has keys another controller rewrites, or where --timeout 0 could take Ready pods below their count")
+	fs.BoolVar(&o.Force, "force", false, "go on where another owner keeps CoreDNS (addon manager, helm, Argo CD, Flux, k3s, a server-side applier), where the Corefile's ConfigMap has keys another controller rewrites, where --timeout 0 could take Ready pods below their count, or where --image runs another CoreDNS release")
 	var output string
 	fs.StringVar(&output, "o", "", "output format: json (default: text)")
 	fs.StringVar(&output, "output", "", "output format: json (default: text)")

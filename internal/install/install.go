@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	k8s_event "github.com/dnsops/k8s_event"
+	imageref "github.com/dnsops/k8s_event/internal/image"
 	"io"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"slices"
@@ -74,7 +75,8 @@ type Options struct {
 	// Container is the CoreDNS container's name; when empty, the one
 	// named coredns, or the only one.
 	Container string
-	// Image is the CoreDNS image with k8s_event; install needs it.
+	// Image is the CoreDNS image with k8s_event; install needs it, on
+	// the CoreDNS release the Deployment runs (or Force).
 	Image string
 	// Options are the lines of the k8s_event block added to the
 	// Corefile, e.g. "level info warning error"; none takes the
@@ -92,8 +94,9 @@ type Options struct {
 	// Force goes on where another owner keeps the Deployment (the addon
 	// manager in Reconcile mode, helm, Argo CD, Flux, k3s, another
 	// server-side applier), where the Corefile's ConfigMap has keys that
-	// another controller keeps current, and where a run that does not
-	// wait could take the Ready pods below their count.
+	// another controller keeps current, where a run that does not wait
+	// could take the Ready pods below their count, and where Image is
+	// on another CoreDNS release than the one the Deployment runs.
 	Force bool
 }
 
@@ -381,9 +384,6 @@ type installPlan struct {
 
 func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	o := r.o
-	if o.Image == "" {
-		return errors.New("--image: empty: name the CoreDNS image with k8s_event")
-	}
 	if err := checkOptions(o.Options); err != nil {
 		return err
 	}
@@ -448,6 +448,18 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 		refuse = append(refuse, fmt.Sprintf("deployment %s/%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume deployment/%s first", ns, d.Name, ns, d.Name))
 	}
 	orig := t.current()
+	if o.Image == "" {
+		return nil, fmt.Errorf("--image: not given: deployment %s/%s runs %s; name the image of k8s_event on that release (%s)", ns, d.Name, releaseOf(orig.Image), buildHint(orig.Image))
+	}
+	r.res.CoreDNSBefore, r.res.CoreDNSAfter = release(orig.Image), release(o.Image)
+	if same, change := imageref.SameCoreDNS(orig.Image, o.Image); !same {
+		why := fmt.Sprintf("image %s runs %s and deployment %s/%s %s: the install would change the CoreDNS release too (%s)", o.Image, releaseOf(o.Image), ns, d.Name, releaseOf(orig.Image), change)
+		if _, known := imageref.CoreDNSVersion(o.Image); known && r.res.CoreDNSBefore != "unknown" && !o.Force {
+			refuse = append(refuse, why+"; name the image of k8s_event on the release it runs ("+buildHint(orig.Image)+"), or --force to change the release with it")
+		} else {
+			r.warn(why)
+		}
+	}
 	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, orig.Volume.ConfigMap.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("the Corefile's ConfigMap: %w", err)
@@ -619,7 +631,7 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 	if o.DryRun {
 		r.printf("# dry run: nothing is changed\n")
 	}
-	r.printf("deployment %s/%s: image %s -> %s\n", ns, d.Name, r.res.ImageBefore, r.res.ImageAfter)
+	r.printf("deployment %s/%s: image %s -> %s (CoreDNS %s -> %s)\n", ns, d.Name, r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
 	r.printf("configmap keys the pods read:\n%s", indent(strings.Join(r.res.Keys, "\n")))
 	r.printf("rollout: %s\n", r.res.Rollout)
 	if p.genThere {
@@ -862,4 +874,29 @@ func lockDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (un
 		return func() {}, err
 	}
 	return lock(ctx, c, d.Namespace, d.Name, 2*o.Wait+2*time.Minute)
+}
+
+// release is the CoreDNS release that ref runs, as its tag names it, or
+// "unknown".
+func release(ref string) string {
+	if v, ok := imageref.CoreDNSVersion(ref); ok {
+		return v.String()
+	}
+	return "unknown"
+}
+
+// releaseOf says which CoreDNS release ref runs, for a message.
+func releaseOf(ref string) string {
+	if v, ok := imageref.CoreDNSVersion(ref); ok {
+		return "CoreDNS " + v.String() + " (image " + ref + ")"
+	}
+	return "image " + ref + ", whose tag does not name its CoreDNS release"
+}
+
+// buildHint says how to build k8s_event on the release ref runs.
+func buildHint(ref string) string {
+	if v, ok := imageref.CoreDNSVersion(ref); ok {
+		return fmt.Sprintf("make image COREDNS_VERSION=%s builds it, and prints its reference", v)
+	}
+	return "make image COREDNS_VERSION=<that release> builds it, and prints its reference"
 }

@@ -15,7 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-const image = "registry.example/coredns-k8s-event:1.15.0-0.2.0-abc"
+// image is k8s_event on the CoreDNS release deployment() runs.
+const image = "registry.example/coredns-k8s-event:1.13.1-0.2.0-abc"
 
 // deployment is CoreDNS as kubeadm lays it out, with an operator's
 // changes: replicas, a memory limit, a toleration, an env variable.
@@ -205,7 +206,7 @@ func TestReinstallAfterReset(t *testing.T) {
 	if _, err := Status(ctx, c, Options{Out: &out}); err != nil || !strings.Contains(out.String(), "partly undone") {
 		t.Errorf("status: %v\n%s", err, out.String())
 	}
-	if err := Install(ctx, c, Options{Image: image}); err != nil {
+	if err := Install(ctx, c, Options{Image: "registry.example/coredns-k8s-event:1.14.0-0.2.0-abc"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := Uninstall(ctx, c, Options{}); err != nil {
@@ -231,7 +232,7 @@ func TestFindErrors(t *testing.T) {
 		{"none", nil, Options{Image: image}, `no Deployment labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns in namespace "kube-system": name it with --deployment (and --namespace)`},
 		{"two", []any{deployment(), other}, Options{Image: image}, `namespace "kube-system" has 2 CoreDNS Deployments (coredns, coredns-two): name one with --deployment`},
 		{"container", []any{deployment(), configMap()}, Options{Image: image, Container: "dns"}, `deployment kube-system/coredns: --container "dns": not among its containers [coredns]`},
-		{"image", []any{deployment()}, Options{}, "--image: empty: name the CoreDNS image with k8s_event"},
+		{"image", []any{deployment(), configMap()}, Options{}, "--image: not given: deployment kube-system/coredns runs CoreDNS 1.13.1 (image registry.k8s.io/coredns/coredns:v1.13.1); name the image of k8s_event on that release (make image COREDNS_VERSION=1.13.1 builds it, and prints its reference)"},
 		{"level", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"level info warn"}}, `--option "level info warn": level must be one of debug, info, warning, error, fatal: "warn"`},
 		{"property", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"levels info"}}, `--option "levels info": unknown property "levels"`},
 		{"twice", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"level info", "level error"}}, `--option "level error": level given twice`},

@@ -17,6 +17,10 @@ type Result struct {
 	// ImageBefore and ImageAfter are the CoreDNS images before and after.
 	ImageBefore string `json:"imageBefore,omitempty"`
 	ImageAfter  string `json:"imageAfter,omitempty"`
+	// CoreDNSBefore and CoreDNSAfter are the CoreDNS releases those
+	// images run, as their tags name them, or "unknown".
+	CoreDNSBefore string `json:"corednsBefore,omitempty"`
+	CoreDNSAfter  string `json:"corednsAfter,omitempty"`
 	// Keys say, key by key, what the Corefile ConfigMap the pods read
 	// keeps of the operator's.
 	Keys []string `json:"keys,omitempty"`

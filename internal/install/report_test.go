@@ -51,6 +51,9 @@ func TestInstallDryRunListsEveryChange(t *testing.T) {
 	if dry.ImageBefore != "registry.k8s.io/coredns/coredns:v1.13.1" || dry.ImageAfter != image || !strings.Contains(dry.Rollout, "maxUnavailable 0") {
 		t.Errorf("dry run: images %s -> %s, rollout %q", dry.ImageBefore, dry.ImageAfter, dry.Rollout)
 	}
+	if dry.CoreDNSBefore != "1.13.1" || dry.CoreDNSAfter != "1.13.1" {
+		t.Errorf("dry run: CoreDNS %s -> %s, want 1.13.1 -> 1.13.1", dry.CoreDNSBefore, dry.CoreDNSAfter)
+	}
 	if keys := strings.Join(dry.Keys, "\n"); !strings.Contains(keys, "Corefile: the Corefile, with kubeapi and k8s_event") || !strings.Contains(keys, "site.bin: copied from binaryData (3 bytes)") {
 		t.Errorf("dry run keys:\n%s", keys)
 	}

@@ -25,14 +25,18 @@ type StatusReport struct {
 	Deployment string `json:"deployment"`
 	// State is one of installed, not installed, partly undone, or
 	// installed by other means.
-	State     string   `json:"state"`
-	Image     string   `json:"image"`
+	State string `json:"state"`
+	Image string `json:"image"`
+	// CoreDNS is the release Image runs, as its tag names it, or
+	// "unknown"; BeforeCoreDNS the one BeforeImage runs.
+	CoreDNS   string   `json:"coredns"`
 	ConfigMap string   `json:"configMap"`
 	Key       string   `json:"key"`
 	Variables []string `json:"variables"`
 	// BeforeImage and BeforeConfigMap are what the install replaced.
 	BeforeImage     string `json:"beforeImage,omitempty"`
 	BeforeConfigMap string `json:"beforeConfigMap,omitempty"`
+	BeforeCoreDNS   string `json:"beforeCoredns,omitempty"`
 	ServiceAccount  string `json:"serviceAccount"`
 	// Role and RoleBinding are present, absent, or "not this tool's".
 	Role        string `json:"role"`
@@ -68,7 +72,7 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 	spec := &d.Spec.Template.Spec
 	ctr := spec.Containers[t.container]
 	s := &StatusReport{
-		Deployment: ns + "/" + d.Name, State: StateNotInstalled, Image: ctr.Image,
+		Deployment: ns + "/" + d.Name, State: StateNotInstalled, Image: ctr.Image, CoreDNS: release(ctr.Image),
 		ConfigMap: spec.Volumes[t.volume].ConfigMap.Name, Key: t.key, Variables: []string{},
 		Replicas: ptrOr(d.Spec.Replicas, 1), Ready: d.Status.ReadyReplicas, Available: d.Status.AvailableReplicas, RolledOut: RolledOut(d),
 		Owners: otherOwners(d, t),
@@ -94,6 +98,7 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 	case t.rec != nil:
 		s.State = StateInstalled
 		s.BeforeImage, s.BeforeConfigMap = t.rec.Original.Image, t.rec.Original.Volume.ConfigMap.Name
+		s.BeforeCoreDNS = release(s.BeforeImage)
 		if ctr.Image != t.rec.Image || s.ConfigMap != t.rec.ConfigMap {
 			s.State = StatePartlyUndone
 			problem("the image or the configmap is no longer what install set (image %s, configmap %s): run install again, or uninstall", t.rec.Image, t.rec.ConfigMap)
@@ -169,11 +174,11 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 func (s *StatusReport) print(o *Options) {
 	p := func(format string, args ...any) { fmt.Fprintf(o.Out, format, args...) }
 	p("deployment %s: k8s_event %s\n", s.Deployment, s.State)
-	p("  image %s\n", s.Image)
+	p("  image %s (CoreDNS %s)\n", s.Image, s.CoreDNS)
 	p("  Corefile: configmap %s, key %s\n", s.ConfigMap, s.Key)
 	p("  downward-API variables: %s\n", strings.Join(s.Variables, " "))
 	if s.BeforeImage != "" {
-		p("  before the install: image %s, configmap %s\n", s.BeforeImage, s.BeforeConfigMap)
+		p("  before the install: image %s (CoreDNS %s), configmap %s\n", s.BeforeImage, s.BeforeCoreDNS, s.BeforeConfigMap)
 	}
 	p("  serviceaccount %s; role %s; rolebinding %s\n", s.ServiceAccount, s.Role, s.RoleBinding)
 	rolled := "rolling out"

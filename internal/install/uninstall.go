@@ -59,6 +59,7 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 		}
 		ctr := &tmpl.Spec.Containers[t.container]
 		r.res.ImageBefore, r.res.ImageAfter = ctr.Image, orig.Image
+		r.res.CoreDNSBefore, r.res.CoreDNSAfter = release(ctr.Image), release(orig.Image)
 		ctr.Image = orig.Image
 		ctr.Env = orig.Env
 		tmpl.Spec.Volumes[t.volume] = orig.Volume
@@ -80,7 +81,7 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 		if err != nil || p == nil {
 			return err
 		}
-		r.printf("deployment %s/%s: image %s -> %s\n", ns, before.Name, r.res.ImageBefore, r.res.ImageAfter)
+		r.printf("deployment %s/%s: image %s -> %s (CoreDNS %s -> %s)\n", ns, before.Name, r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
 		r.printf("rollout: %s\n", r.res.Rollout)
 		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + before.Name, Detail: string(p.display)}, fmt.Sprintf("patch deployment %s/%s", ns, before.Name))
 		if !o.DryRun {

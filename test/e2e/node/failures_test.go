@@ -76,7 +76,8 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 	lc.expectA("www.example.test.", "10.0.0.80")
 	lc.expectA("node-a.nodes.test.", "10.0.0.11")
 	args := func(image string, extra ...string) []string {
-		return append(append([]string{"install", "--image", image, "--force"}, lc.nsFlags()...), extra...)
+		// info, so that each new pod writes the reload plugin's line.
+		return append(append([]string{"install", "--image", image, "--force", "--option", "level info warning error"}, lc.nsFlags()...), extra...)
 	}
 	// back checks that the Deployment is the operator's again.
 	back := func(what string) {

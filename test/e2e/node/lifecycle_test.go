@@ -220,10 +220,7 @@ func TestLifecycle(t *testing.T) {
 		if !ok {
 			break
 		}
-		// The failure paths do not pass yet (after the revert, a pod of the
-		// next install writes no CoreDNSInfo event in time): they run only
-		// when K8S_EVENT_NODE_FAILURE_PATHS is set.
-		if l.name == "helm" && os.Getenv("K8S_EVENT_NODE_FAILURE_PATHS") != "" {
+		if l.name == "helm" {
 			// The failure paths, on the chart's layout with its rollout
 			// defaults, on the same node.
 			fl := l
