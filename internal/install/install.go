@@ -387,7 +387,7 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	if err := checkOptions(o.Options); err != nil {
 		return err
 	}
-	unlock, err := lockDeployment(ctx, c, o)
+	unlock, held, err := lockDeployment(ctx, c, o)
 	if err != nil {
 		return err
 	}
@@ -401,6 +401,9 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 		}
 		return r.applyInstall(ctx, c, p)
 	})
+	if held != "" && err == nil {
+		r.warn("the run would be refused now: " + held)
+	}
 	if err != nil || o.DryRun || p.patch == nil {
 		return err
 	}
@@ -866,14 +869,19 @@ func ptrOr(p *int32, v int32) int32 {
 	return *p
 }
 
-// lockDeployment finds the Deployment and, unless this is a dry run,
-// takes the lock that keeps other runs off it until unlock.
-func lockDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (unlock func(), err error) {
+// lockDeployment finds the Deployment and takes the lock that keeps other
+// runs off it until unlock. A dry run takes none: held says which run
+// holds it, as the real run would be refused now.
+func lockDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (unlock func(), held string, err error) {
 	d, err := findDeployment(ctx, c, o)
-	if err != nil || o.DryRun {
-		return func() {}, err
+	if err != nil {
+		return nil, "", err
 	}
-	return lock(ctx, c, d.Namespace, d.Name, 2*o.Wait+2*time.Minute)
+	if o.DryRun {
+		return func() {}, leaseHeld(ctx, c, d.Namespace, d.Name), nil
+	}
+	unlock, err = lock(ctx, c, d.Namespace, d.Name, 2*o.Wait+2*time.Minute)
+	return unlock, "", err
 }
 
 // release is the CoreDNS release that ref runs, as its tag names it, or

@@ -40,17 +40,7 @@ func lock(ctx context.Context, c kubernetes.Interface, ns, deployment string, ho
 			return nil, fmt.Errorf("lease %s/%s: %w", ns, name, gerr)
 		}
 		if !expired(have) {
-			holder, since, until := "", "", ""
-			if have.Spec.HolderIdentity != nil {
-				holder = *have.Spec.HolderIdentity
-			}
-			if have.Spec.AcquireTime != nil {
-				since = have.Spec.AcquireTime.UTC().Format(time.RFC3339)
-			}
-			if have.Spec.RenewTime != nil && have.Spec.LeaseDurationSeconds != nil {
-				until = have.Spec.RenewTime.Add(time.Duration(*have.Spec.LeaseDurationSeconds) * time.Second).UTC().Format(time.RFC3339)
-			}
-			return nil, &RefusedError{[]string{fmt.Sprintf("another kubectl k8s-event run (%s) holds lease %s/%s since %s, until %s: wait for it to end; if none runs, kubectl -n %s delete lease %s", holder, ns, name, since, until, ns, name)}}
+			return nil, &RefusedError{[]string{heldBy(have)}}
 		}
 		have.Spec = want.Spec
 		got, err = leases.Update(ctx, have, metav1.UpdateOptions{FieldManager: FieldManager})
@@ -70,6 +60,31 @@ func lock(ctx context.Context, c kubernetes.Interface, ns, deployment string, ho
 		}
 		_ = leases.Delete(ctx, name, pre)
 	}, nil
+}
+
+// leaseHeld says which other run holds the Lease of the Deployment, or ""
+// when none does: what a dry run reports, as it takes no Lease itself.
+func leaseHeld(ctx context.Context, c kubernetes.Interface, ns, deployment string) string {
+	l, err := c.CoordinationV1().Leases(ns).Get(ctx, deployment+"-k8s-event", metav1.GetOptions{})
+	if err != nil || expired(l) {
+		return ""
+	}
+	return heldBy(l)
+}
+
+// heldBy describes the run that holds l, and what to do.
+func heldBy(l *coordinationv1.Lease) string {
+	holder, since, until := "", "", ""
+	if l.Spec.HolderIdentity != nil {
+		holder = *l.Spec.HolderIdentity
+	}
+	if l.Spec.AcquireTime != nil {
+		since = l.Spec.AcquireTime.UTC().Format(time.RFC3339)
+	}
+	if l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil {
+		until = l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second).UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("another kubectl k8s-event run (%s) holds lease %s/%s since %s, until %s: wait for it to end; if none runs, kubectl -n %s delete lease %s", holder, l.Namespace, l.Name, since, until, l.Namespace, l.Name)
 }
 
 func expired(l *coordinationv1.Lease) bool {

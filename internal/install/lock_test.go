@@ -70,3 +70,27 @@ func TestInstallTwoAtOnceLeaveTheCorefileThere(t *testing.T) {
 		t.Errorf("the lease is still there after the install")
 	}
 }
+
+// A dry run takes no Lease, but says when another run holds it: the real
+// run would be refused.
+func TestDryRunSaysAnotherRunHoldsTheLease(t *testing.T) {
+	ctx := context.Background()
+	base := fake.NewClientset(deployment(), configMap())
+	var dry, undry bytes.Buffer
+	var dryErr, undryErr error
+	c := hooked{Interface: base, once: &sync.Once{}, onList: func() {
+		dryErr = Install(ctx, base, Options{Image: image, DryRun: true, Out: &dry})
+		undryErr = Uninstall(ctx, base, Options{DryRun: true, Out: &undry})
+	}}
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		err error
+		out string
+	}{{dryErr, dry.String()}, {undryErr, undry.String()}} {
+		if r.err != nil || !strings.Contains(r.out, "warning: the run would be refused now: another kubectl k8s-event run") {
+			t.Errorf("a dry run while another run holds the lease: %v\n%s", r.err, r.out)
+		}
+	}
+}

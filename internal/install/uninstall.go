@@ -23,11 +23,14 @@ func Uninstall(ctx context.Context, c kubernetes.Interface, o Options) error {
 
 func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	o := r.o
-	unlock, err := lockDeployment(ctx, c, o)
+	unlock, held, err := lockDeployment(ctx, c, o)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if held != "" {
+		defer r.warn("the run would be refused now: " + held)
+	}
 	var before *appsv1.Deployment
 	var tmp *appsv1.DeploymentStrategy
 	var t *target
