@@ -404,6 +404,17 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	if held != "" && err == nil {
 		r.warn("the run would be refused now: " + held)
 	}
+	if err != nil && len(r.created) > 0 {
+		// Cut off before the Deployment was patched (an error, or
+		// interrupted): nothing reads what the run created, unless the
+		// patch went through and only its answer was lost.
+		now, gerr := c.AppsV1().Deployments(p.d.Namespace).Get(context.WithoutCancel(ctx), p.d.Name, metav1.GetOptions{})
+		if gerr == nil && !slices.ContainsFunc(now.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+			return v.ConfigMap != nil && v.ConfigMap.Name == p.gen.Name
+		}) {
+			r.takeBack(ctx)
+		}
+	}
 	if err != nil || o.DryRun || p.patch == nil {
 		return err
 	}
@@ -647,7 +658,12 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 		r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: Diff(r.sourceText(ctx, c, ns, src, p.t.key), gen.Data[p.t.key])},
 			fmt.Sprintf("create configmap %s/%s, the Corefile of %s with kubeapi and k8s_event", ns, gen.Name, src))
 		if !o.DryRun {
-			if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
+			switch _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); {
+			case err == nil:
+				r.created = append(r.created, func(ctx context.Context) error {
+					return c.CoreV1().ConfigMaps(ns).Delete(ctx, gen.Name, metav1.DeleteOptions{})
+				})
+			case !apierrors.IsAlreadyExists(err):
 				return fmt.Errorf("create configmap %s/%s: %w", ns, gen.Name, err)
 			}
 		}
@@ -720,6 +736,19 @@ func changedBy(d *appsv1.Deployment, t *target) string {
 	return ", by " + strings.Join(who, " or ")
 }
 
+// takeBack deletes, or puts back, what the run created, even when ctx
+// is done.
+func (r *run) takeBack(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for _, undo := range slices.Backward(r.created) {
+		if err := undo(ctx); err != nil && !apierrors.IsNotFound(err) {
+			r.warn(fmt.Sprintf("taking back what the run created: %v", err))
+		}
+	}
+	r.created = nil
+}
+
 // rollout waits for the rollout the run started and checks it; on failure
 // it puts back the Deployment's template and strategy as before had them,
 // or says the commands that do. Then it puts back the operator's strategy,
@@ -769,11 +798,7 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv
 				return fmt.Errorf("%w; putting it back failed too (%v): run\n  %s", err, errors.Join(perr, serr), strings.ReplaceAll(undo, "\n", "\n  "))
 			}
 			// What the run created for the pods that did not start goes too.
-			for _, undo := range r.created {
-				if uerr := undo(bctx); uerr != nil && !apierrors.IsNotFound(uerr) {
-					r.warn(fmt.Sprintf("taking back what the run created: %v", uerr))
-				}
-			}
+			r.takeBack(bctx)
 			return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy)", err, ns, name)
 		}
 	}

@@ -3,15 +3,18 @@ package install
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // hooked runs a function once, the first time a ReplicaSet list is made:
@@ -91,6 +94,37 @@ func TestDryRunSaysAnotherRunHoldsTheLease(t *testing.T) {
 	}{{dryErr, dry.String()}, {undryErr, undry.String()}} {
 		if r.err != nil || !strings.Contains(r.out, "warning: the run would be refused now: another kubectl k8s-event run") {
 			t.Errorf("a dry run while another run holds the lease: %v\n%s", r.err, r.out)
+		}
+	}
+}
+
+// An install cut off before its patch of the Deployment (refused by the
+// API server, or interrupted) takes back the ConfigMap, Role and
+// RoleBinding it created; one whose patch went through, with only the
+// answer lost, keeps the ConfigMap the pods now read.
+func TestInstallCutOffBeforeThePatchTakesBackWhatItCreated(t *testing.T) {
+	ctx := context.Background()
+	for _, applied := range []bool{false, true} {
+		c := fake.NewClientset(deployment(), configMap())
+		c.PrependReactor("patch", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if applied {
+				_, _, _ = k8stesting.ObjectReaction(c.Tracker())(a)
+			}
+			return true, nil, errors.New("http2: client connection lost")
+		})
+		if err := Install(ctx, c, Options{Image: image}); err == nil {
+			t.Fatalf("install with the patch failing: no error")
+		}
+		cms, _ := c.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
+		roles, _ := c.RbacV1().Roles("kube-system").List(ctx, metav1.ListOptions{})
+		vol := get(t, c).Spec.Template.Spec.Volumes[0].ConfigMap.Name
+		switch {
+		case !applied && (len(cms.Items) != 1 || len(roles.Items) != 0):
+			t.Errorf("after a patch refused: %d configmaps (want the operator's only), %d roles", len(cms.Items), len(roles.Items))
+		case applied:
+			if _, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, vol, metav1.GetOptions{}); err != nil {
+				t.Errorf("the patch went through, but configmap %s, which the pods read: %v", vol, err)
+			}
 		}
 	}
 }
