@@ -133,6 +133,12 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 	// From here the plugin runs as a ServiceAccount bound to the Role the
 	// documentation gives the person who runs it, and nothing more.
 	lc.kubeconfig = lc.operatorKubeconfig(t)
+	lc.do("install without --force, refused for NodeHosts", func() {
+		out := lc.pluginExit(5, append([]string{"install", "--image", lc.ref}, lc.nsFlags()...)...)
+		if !strings.Contains(out, "NodeHosts") {
+			t.Errorf("install without --force does not name NodeHosts:\n%s", out)
+		}
+	})
 	lc.do("two installs at once", func() {
 		codes := make([]int, 2)
 		outs := make([]string, 2)
