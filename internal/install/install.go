@@ -277,7 +277,9 @@ func (t *target) current() original {
 		o.Image = r.Original.Image
 	}
 	if r != nil && o.Volume.ConfigMap.Name == r.ConfigMap {
-		o.Volume = *r.Original.Volume.DeepCopy()
+		// The install changed only the ConfigMap's name: give that back,
+		// and keep what was changed since (an item the operator added).
+		o.Volume.ConfigMap.Name = r.Original.Volume.ConfigMap.Name
 	}
 	if r == nil {
 		// Not installed: the environment is the original, whole and in
@@ -394,7 +396,7 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	defer unlock()
 	var p *installPlan
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		r.res.Changes, r.res.Warnings = []Change{}, nil
+		r.restart()
 		var err error
 		if p, err = r.planInstall(ctx, c); err != nil {
 			return err
@@ -404,19 +406,17 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	if held != "" && err == nil {
 		r.warn("the run would be refused now: " + held)
 	}
-	if err != nil && len(r.created) > 0 {
-		// Cut off before the Deployment was patched (an error, or
-		// interrupted): nothing reads what the run created, unless the
-		// patch went through and only its answer was lost.
-		now, gerr := c.AppsV1().Deployments(p.d.Namespace).Get(context.WithoutCancel(ctx), p.d.Name, metav1.GetOptions{})
-		if gerr == nil && !slices.ContainsFunc(now.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
-			return v.ConfigMap != nil && v.ConfigMap.Name == p.gen.Name
-		}) {
-			r.takeBack(ctx)
-		}
+	if err != nil {
+		// Cut off before the Deployment was patched (an error, a refusal
+		// on a retry, or interrupted): take back what the run created.
+		r.takeBack(ctx)
 	}
-	if err != nil || o.DryRun || p.patch == nil {
+	if err != nil || o.DryRun {
 		return err
+	}
+	if p.patch == nil {
+		// Nothing rolls: prune what the dry run said it would.
+		return r.prune(ctx, c, p.d.Namespace, p.d.Name, p.gen.Name)
 	}
 	ns, name := p.d.Namespace, p.d.Name
 	verify := func(now *appsv1.Deployment) error {
@@ -660,7 +660,16 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 		if !o.DryRun {
 			switch _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); {
 			case err == nil:
+				r.done = append(r.done, r.res.Changes[len(r.res.Changes)-1])
 				r.created = append(r.created, func(ctx context.Context) error {
+					// Unless the Deployment reads it all the same (a patch
+					// that went through, its answer lost).
+					now, err := c.AppsV1().Deployments(ns).Get(ctx, d.Name, metav1.GetOptions{})
+					if err != nil || slices.ContainsFunc(now.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+						return v.ConfigMap != nil && v.ConfigMap.Name == gen.Name
+					}) {
+						return err
+					}
 					return c.CoreV1().ConfigMaps(ns).Delete(ctx, gen.Name, metav1.DeleteOptions{})
 				})
 			case !apierrors.IsAlreadyExists(err):
@@ -674,6 +683,7 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 			if err := s.do(ctx); err != nil {
 				return fmt.Errorf("%s: %w", s.line, err)
 			}
+			r.done = append(r.done, s.change)
 			if s.undo != nil {
 				r.created = append(r.created, s.undo)
 			}

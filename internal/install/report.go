@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -77,6 +78,15 @@ type run struct {
 	// created are the deletes that take back what the run created, for
 	// a rollout that fails and is put back.
 	created []func(context.Context) error
+	// done are the writes made, kept in the report when a conflict
+	// starts the run over.
+	done []Change
+}
+
+// restart begins the report again for another attempt after a conflict:
+// with the writes already made.
+func (r *run) restart() {
+	r.res.Changes, r.res.Warnings = slices.Clone(r.done), nil
 }
 
 func newRun(o *Options, command string) *run {
@@ -92,6 +102,9 @@ func (r *run) printf(format string, args ...any) {
 
 // change records a write and prints line, then the detail indented.
 func (r *run) change(ch Change, line string) {
+	if ch.Action == "keep" && slices.ContainsFunc(r.done, func(d Change) bool { return d.Kind == ch.Kind && d.Name == ch.Name }) {
+		return // made by an earlier attempt of this run, and listed so
+	}
 	r.res.Changes = append(r.res.Changes, ch)
 	if ch.Detail != "" && strings.Contains(ch.Detail, "\n") {
 		r.printf("%s:\n%s", line, indent(ch.Detail))

@@ -140,3 +140,37 @@ func TestUninstallDryRunListsEveryChange(t *testing.T) {
 		}
 	}
 }
+
+// With nothing to patch (k8s_event installed already), the run prunes
+// the generated ConfigMaps no revision reads, as its dry run says.
+func TestInstallWithNothingToPatchPrunesWhatItsDryRunSays(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	d := get(t, c)
+	// What a run interrupted after creating its ConfigMap, before its
+	// patch, leaves behind.
+	stale := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "coredns-k8s-event-0123456789", Namespace: "kube-system",
+		Labels:          map[string]string{DeploymentLabel: "coredns", managedByLabel: FieldManager},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "coredns", UID: d.UID}}},
+		Data: map[string]string{"Corefile": ".:53 {\n    kubeapi\n    k8s_event\n}\n"}}
+	if _, err := c.CoreV1().ConfigMaps("kube-system").Create(ctx, stale, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var dry bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, DryRun: true, Out: &dry}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(dry.String(), "delete configmap kube-system/"+stale.Name) {
+		t.Fatalf("the dry run does not list the prune (the premise of this test):\n%s", dry.String())
+	}
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, stale.Name, metav1.GetOptions{}); err == nil {
+		t.Errorf("the dry run said\n%sbut the real run kept configmap %s:\n%s", dry.String(), stale.Name, out.String())
+	}
+}

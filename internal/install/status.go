@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -159,6 +161,14 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 	}
 	if why := podTrouble(ctx, c, d); len(why) > 0 {
 		problem("pods not Ready: %s", strings.Join(why, "; "))
+	}
+	for _, cond := range d.Status.Conditions {
+		// The rollout stalled, or its ReplicaSet cannot make pods (a quota,
+		// an admission webhook): no pod may be there to be not Ready.
+		stalled := cond.Type == appsv1.DeploymentProgressing && cond.Status == corev1.ConditionFalse
+		if stalled || cond.Type == appsv1.DeploymentReplicaFailure && cond.Status == corev1.ConditionTrue {
+			problem("the rollout does not progress (%s: %s): kubectl -n %s describe deployment/%s", cond.Reason, cond.Message, ns, d.Name)
+		}
 	}
 	if o.Out != nil {
 		if o.JSON {

@@ -5,9 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -75,5 +77,46 @@ func TestStatusSaysTheSourceConfigMapChanged(t *testing.T) {
 	text, healthy := statusText(t, c)
 	if healthy || !strings.Contains(text, "configmap coredns changed since the install") {
 		t.Errorf("status does not tell the change:\n%s", text)
+	}
+}
+
+// status reports a rollout whose new pods are never created (the
+// ReplicaSet's FailedCreate: a quota, an admission webhook) and that has
+// passed its progress deadline, though every Ready pod still runs: exit 0
+// would say "installed, no problem".
+func TestStatusReportsARolloutWhoseNewPodsNeverStart(t *testing.T) {
+	ctx := context.Background()
+	d := deployment()
+	d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
+		MaxUnavailable: ptrTo(intstr.FromInt32(0)), MaxSurge: ptrTo(intstr.FromInt32(1)),
+	}}
+	d.Status = rolled(3)
+	c := fake.NewClientset(d, configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	// What the Deployment controller reports when the new ReplicaSet
+	// cannot create its pods: the old pods stay, Ready.
+	now := get(t, c)
+	now.Generation = 2
+	now.Status = appsv1.DeploymentStatus{ObservedGeneration: 2, Replicas: 3, UpdatedReplicas: 0, ReadyReplicas: 3, AvailableReplicas: 3,
+		Conditions: []appsv1.DeploymentCondition{
+			{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"},
+			{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: "ProgressDeadlineExceeded", Message: `ReplicaSet "coredns-5d78c9869d" has timed out progressing.`},
+			{Type: appsv1.DeploymentReplicaFailure, Status: corev1.ConditionTrue, Reason: "FailedCreate", Message: `pods "coredns-5d78c9869d-" is forbidden: exceeded quota: dns-quota`},
+		}}
+	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, now, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"coredns-old-a", "coredns-old-b", "coredns-old-c"} {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", Labels: map[string]string{"k8s-app": "kube-dns"}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+		if _, err := c.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text, healthy := statusText(t, c)
+	if healthy {
+		t.Errorf("status finds no problem (exit 0) though no pod runs what install set:\n%s", text)
 	}
 }

@@ -36,7 +36,7 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	var t *target
 	patched := false
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		r.res.Changes, r.res.Warnings = []Change{}, nil
+		r.restart()
 		var err error
 		if before, err = findDeployment(ctx, c, o); err != nil {
 			return err

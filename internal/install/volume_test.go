@@ -1,0 +1,86 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// zoneFileSetup is deployment() and configMap() with a zone file the
+// operator serves with the file plugin.
+func zoneFileSetup() (*appsv1.Deployment, *corev1.ConfigMap) {
+	d := deployment()
+	cm := configMap()
+	cm.Data["db.corp.example"] = "$ORIGIN corp.example.\n@ 3600 IN SOA ns. admin. 1 7200 3600 1209600 3600\n"
+	return d, cm
+}
+
+func hasItem(v *corev1.ConfigMapVolumeSource, key string) bool {
+	return slices.ContainsFunc(v.Items, func(it corev1.KeyToPath) bool { return it.Key == key })
+}
+
+// An install changes only the config volume's ConfigMap name: an item the
+// operator added to the volume after the first install (a zone file)
+// stays through an edit of the Corefile and install again.
+func TestReinstallKeepsAnItemTheOperatorAddedToTheConfigVolume(t *testing.T) {
+	ctx := context.Background()
+	d, cm := zoneFileSetup()
+	c := fake.NewClientset(d, cm)
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	// The operator mounts the zone file too (kubectl edit deployment).
+	now := get(t, c)
+	vol := now.Spec.Template.Spec.Volumes[0].ConfigMap
+	vol.Items = append(vol.Items, corev1.KeyToPath{Key: "db.corp.example", Path: "db.corp.example"})
+	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, now, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// ...edits the Corefile, and runs install again.
+	src, _ := c.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	src.Data["Corefile"] = strings.Replace(src.Data["Corefile"], "errors", "errors\n    file /etc/coredns/db.corp.example corp.example", 1)
+	if _, err := c.CoreV1().ConfigMaps("kube-system").Update(ctx, src, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if v := get(t, c).Spec.Template.Spec.Volumes[0].ConfigMap; !hasItem(v, "db.corp.example") {
+		t.Errorf("the reinstall dropped the item the operator added to the config volume: items %+v\n%s", v.Items, out.String())
+	}
+}
+
+// Uninstall gives back the config volume's ConfigMap name and leaves what
+// was set since as it is: an item added after the install stays.
+func TestUninstallKeepsAnItemTheOperatorAddedToTheConfigVolume(t *testing.T) {
+	ctx := context.Background()
+	d, cm := zoneFileSetup()
+	c := fake.NewClientset(d, cm)
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	now := get(t, c)
+	vol := now.Spec.Template.Spec.Volumes[0].ConfigMap
+	vol.Items = append(vol.Items, corev1.KeyToPath{Key: "db.corp.example", Path: "db.corp.example"})
+	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, now, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Uninstall(ctx, c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	v := get(t, c).Spec.Template.Spec.Volumes[0].ConfigMap
+	if v.Name != "coredns" {
+		t.Fatalf("uninstall left the volume on configmap %s", v.Name)
+	}
+	if !hasItem(v, "db.corp.example") {
+		t.Errorf("uninstall removed the item the operator added to the config volume after the install: items %+v", v.Items)
+	}
+}
