@@ -98,6 +98,8 @@ func exitCode(err error, stderr io.Writer) int {
 		code = e.code
 	case install.IsRefused(err):
 		code = exitRefused
+	case errors.Is(err, install.ErrNoImage):
+		code = exitUsage
 	}
 	if msg := err.Error(); msg != "" {
 		fmt.Fprintln(stderr, "kubectl k8s-event:", msg)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"testing"
 
 	"github.com/dnsops/k8s_event/internal/install"
@@ -42,5 +44,13 @@ func TestUsageErrorsExit2(t *testing.T) {
 		if got := exitCode(err, &stderr); got != exitUsage {
 			t.Errorf("%q: exit %d (%v), want %d", args, got, err, exitUsage)
 		}
+	}
+}
+
+// An install without --image is a usage error: exit 2.
+func TestInstallWithoutImageIsUsage(t *testing.T) {
+	err := fmt.Errorf("%w: deployment kube-system/coredns runs CoreDNS 1.13.1", install.ErrNoImage)
+	if code := exitCode(err, io.Discard); code != exitUsage {
+		t.Errorf("exit %d, want %d", code, exitUsage)
 	}
 }

@@ -48,6 +48,10 @@ const (
 	FieldManager = "kubectl-k8s-event"
 )
 
+// ErrNoImage is an install without Options.Image: its message names the
+// CoreDNS release the Deployment runs, and how to build k8s_event on it.
+var ErrNoImage = errors.New("--image: not given")
+
 // Env is what k8s_event reads from the downward API.
 var Env = []corev1.EnvVar{
 	fieldEnv("COREDNS_POD_NAME", "metadata.name"),
@@ -462,10 +466,11 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 		refuse = append(refuse, fmt.Sprintf("deployment %s/%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume deployment/%s first", ns, d.Name, ns, d.Name))
 	}
 	orig := t.current()
+	r.res.CoreDNSBefore = release(orig.Image)
 	if o.Image == "" {
-		return nil, fmt.Errorf("--image: not given: deployment %s/%s runs %s; name the image of k8s_event on that release (%s)", ns, d.Name, releaseOf(orig.Image), buildHint(orig.Image))
+		return nil, fmt.Errorf("%w: deployment %s/%s runs %s; name the image of k8s_event on that release (%s)", ErrNoImage, ns, d.Name, releaseOf(orig.Image), buildHint(orig.Image))
 	}
-	r.res.CoreDNSBefore, r.res.CoreDNSAfter = release(orig.Image), release(o.Image)
+	r.res.CoreDNSAfter = release(o.Image)
 	if same, change := imageref.SameCoreDNS(orig.Image, o.Image); !same {
 		why := fmt.Sprintf("image %s runs %s and deployment %s/%s %s: the install would change the CoreDNS release too (%s)", o.Image, releaseOf(o.Image), ns, d.Name, releaseOf(orig.Image), change)
 		if _, known := imageref.CoreDNSVersion(o.Image); known && r.res.CoreDNSBefore != "unknown" && !o.Force {

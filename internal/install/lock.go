@@ -48,15 +48,20 @@ func lock(ctx context.Context, c kubernetes.Interface, ns, deployment string, ho
 	if err != nil {
 		return nil, fmt.Errorf("lease %s/%s: %w", ns, name, err)
 	}
-	uid := got.UID
+	uid, rv := got.UID, got.ResourceVersion
 	return func() {
 		// The run's own context may be done (interrupted): give the lease
 		// back all the same.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		pre := metav1.DeleteOptions{}
+		// Only the Lease as this run left it: a run that took it over
+		// after it expired changed its resourceVersion.
+		pre := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{}}
 		if uid != "" {
-			pre.Preconditions = &metav1.Preconditions{UID: ptrTo(types.UID(uid))}
+			pre.Preconditions.UID = ptrTo(types.UID(uid))
+		}
+		if rv != "" {
+			pre.Preconditions.ResourceVersion = &rv
 		}
 		_ = leases.Delete(ctx, name, pre)
 	}, nil
