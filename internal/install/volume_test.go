@@ -26,23 +26,31 @@ func hasItem(v *corev1.ConfigMapVolumeSource, key string) bool {
 	return slices.ContainsFunc(v.Items, func(it corev1.KeyToPath) bool { return it.Key == key })
 }
 
-// An install changes only the config volume's ConfigMap name: an item the
-// operator added to the volume after the first install (a zone file)
-// stays through an edit of the Corefile and install again.
-func TestReinstallKeepsAnItemTheOperatorAddedToTheConfigVolume(t *testing.T) {
+// installedThenZoneMounted is zoneFileSetup with k8s_event installed, and
+// then the zone file mounted too, as an operator does with kubectl edit.
+func installedThenZoneMounted(t *testing.T) *fake.Clientset {
+	t.Helper()
 	ctx := context.Background()
 	d, cm := zoneFileSetup()
 	c := fake.NewClientset(d, cm)
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}
-	// The operator mounts the zone file too (kubectl edit deployment).
 	now := get(t, c)
 	vol := now.Spec.Template.Spec.Volumes[0].ConfigMap
 	vol.Items = append(vol.Items, corev1.KeyToPath{Key: "db.corp.example", Path: "db.corp.example"})
 	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, now, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// An install changes only the config volume's ConfigMap name: an item the
+// operator added to the volume after the first install (a zone file)
+// stays through an edit of the Corefile and install again.
+func TestReinstallKeepsAnItemTheOperatorAddedToTheConfigVolume(t *testing.T) {
+	ctx := context.Background()
+	c := installedThenZoneMounted(t)
 	// ...edits the Corefile, and runs install again.
 	src, _ := c.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
 	src.Data["Corefile"] = strings.Replace(src.Data["Corefile"], "errors", "errors\n    file /etc/coredns/db.corp.example corp.example", 1)
@@ -62,17 +70,7 @@ func TestReinstallKeepsAnItemTheOperatorAddedToTheConfigVolume(t *testing.T) {
 // was set since as it is: an item added after the install stays.
 func TestUninstallKeepsAnItemTheOperatorAddedToTheConfigVolume(t *testing.T) {
 	ctx := context.Background()
-	d, cm := zoneFileSetup()
-	c := fake.NewClientset(d, cm)
-	if err := Install(ctx, c, Options{Image: image}); err != nil {
-		t.Fatal(err)
-	}
-	now := get(t, c)
-	vol := now.Spec.Template.Spec.Volumes[0].ConfigMap
-	vol.Items = append(vol.Items, corev1.KeyToPath{Key: "db.corp.example", Path: "db.corp.example"})
-	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, now, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c := installedThenZoneMounted(t)
 	if err := Uninstall(ctx, c, Options{}); err != nil {
 		t.Fatal(err)
 	}
