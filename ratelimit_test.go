@@ -41,6 +41,10 @@ func TestBucketWaitsForTheNextRefill(t *testing.T) {
 	if b.inFlight() != 0 {
 		t.Errorf("%d requests out after all settled", b.inFlight())
 	}
+	// Half a token refilled: half the wait is left.
+	if w := b.wait(now.Add(150 * time.Second)); w < 149*time.Second || w > 151*time.Second {
+		t.Errorf("wait %v with half a token refilled, want 150 s", w)
+	}
 	now = now.Add(300 * time.Second)
 	if w := b.wait(now); w != 0 {
 		t.Errorf("wait %v once a refill came, want 0", w)
