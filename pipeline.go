@@ -90,10 +90,8 @@ func (p *pipeline) run() {
 				break
 			}
 			dispatch = p.sched.observe(ln)
-			for range len(lines) {
-				if ln, ok := <-lines; ok {
-					dispatch = p.sched.observe(ln) || dispatch
-				}
+			for len(lines) > 0 { // lines that come meanwhile too
+				dispatch = p.sched.observe(<-lines) || dispatch
 			}
 			// Lines more often than stormGap are taken in batches: a
 			// parked goroutine costs the listener a thread wake-up per
