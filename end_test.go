@@ -174,6 +174,11 @@ func TestQuietOffSaysNoEnd(t *testing.T) {
 	if n := len(h.s.ends.list); n != 0 {
 		t.Errorf("%d ends wait with quiet off", n)
 	}
+	// Written, with no end to watch for: the scheduler looks at them no
+	// more.
+	if n := len(h.s.active); n != 0 {
+		t.Errorf("%d entries still looked at once written with quiet off", n)
+	}
 }
 
 // TestEndCreateUnansweredIsWrittenOnce: an end whose create reached the
@@ -182,6 +187,7 @@ func TestEndCreateUnansweredIsWrittenOnce(t *testing.T) {
 	h, api, _ := newTestHarness(t, withQuiet(100, 100, time.Minute))
 	h.lostAfter = writeTimeout
 	endedBefore := testutil.ToFloat64(ended[levelWarning])
+	existsBefore := testutil.ToFloat64(apiExpected.WithLabelValues("409", "exists"))
 	repeatLine(h, levelWarning, "errors", "upstream slow", 12)
 	drain(h)
 	api.setFault(onceFault("create", fault{lost: true, apply: true})) // the end's first create: applied, unanswered
@@ -210,6 +216,10 @@ func TestEndCreateUnansweredIsWrittenOnce(t *testing.T) {
 	}
 	if n := len(h.s.ends.list); n != 0 {
 		t.Errorf("%d ends still wait once written", n)
+	}
+	// The retry's 409 is the end written by the first try: expected.
+	if n := testutil.ToFloat64(apiExpected.WithLabelValues("409", "exists")) - existsBefore; n != 1 {
+		t.Errorf(`api_expected_total{code="409",outcome="exists"} rose by %v, want 1`, n)
 	}
 }
 
