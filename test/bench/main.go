@@ -54,6 +54,7 @@ type bench struct {
 	settle   time.Duration
 	profile  string // directory for CPU profiles of CoreDNS, or ""
 	together bool   // run A and B of a throughput pair at once
+	baseline string // B of the throughput pairs: this CoreDNS with k8s_event, not -coredns without
 
 	stormFile string
 	loadStart string // /proc/loadavg when the bench started
@@ -75,6 +76,7 @@ func main() {
 	micro := flag.String("micro", "", "output of `go test -bench` to summarise (optional)")
 	out := flag.String("out", "", "also write the report (Markdown) to this file")
 	flag.IntVar(&b.runs, "runs", 3, "A/B pairs of the throughput measurement")
+	flag.StringVar(&b.baseline, "baseline", "", "throughput: run B as this CoreDNS binary with k8s_event (another build of the plugin, e.g. the last release's), not -coredns without it: the ratios are then new over old")
 	flag.BoolVar(&b.together, "together", false, "run the A and the B of each throughput pair at the same time, each with its own dnsperf, instead of one after the other (A B B A ...)")
 	flag.DurationVar(&b.storm, "storm", 10*time.Second, "length of one throughput run")
 	flag.DurationVar(&b.budget, "budget", 60*time.Second, "length of the storm of the write-budget measurement")
@@ -117,6 +119,11 @@ func (b *bench) run(ctx context.Context, micro, out, only string) (err error) {
 	b.source = gitDescribe() // right after make built CoreDNS from the tree
 	if b.coredns, err = filepath.Abs(b.coredns); err != nil {
 		return err
+	}
+	if b.baseline != "" {
+		if b.baseline, err = filepath.Abs(b.baseline); err != nil {
+			return err
+		}
 	}
 	if _, err := os.Stat(b.coredns); err != nil {
 		return fmt.Errorf("%w (build it with: go build -o bin/coredns-e2e ./test/cmd/coredns)", err)

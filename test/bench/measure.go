@@ -54,6 +54,11 @@ func (b *bench) throughput(ctx context.Context) error {
 	var lost [2]int64
 	var queueFull float64
 	plugins := [2]string{pluginDefault, ""}
+	bins := [2]string{b.coredns, b.coredns}
+	if b.baseline != "" {
+		plugins[1], bins[1] = pluginDefault, b.baseline
+		b.note("B is %s with k8s_event, not %s without: the A/B ratios compare two builds of the plugin.", b.baseline, b.coredns)
+	}
 	record := func(i, v int, r stormRun) {
 		qps[v] = append(qps[v], r.qps)
 		cpu[v] = append(cpu[v], r.cpu)
@@ -68,7 +73,7 @@ func (b *bench) throughput(ctx context.Context) error {
 			// the machine does falls on both alike.
 			var cs [2]*coreDNS
 			for v := range cs {
-				c, err := b.startCoreDNS(ctx, ns, plugins[v])
+				c, err := b.startCoreDNSOf(ctx, bins[v], ns, plugins[v])
 				if err != nil {
 					for _, c := range cs[:v] {
 						c.stop(b)
@@ -102,7 +107,7 @@ func (b *bench) throughput(ctx context.Context) error {
 			order = [2]int{1, 0}
 		}
 		for _, v := range order {
-			c, err := b.startCoreDNS(ctx, ns, plugins[v])
+			c, err := b.startCoreDNSOf(ctx, bins[v], ns, plugins[v])
 			if err != nil {
 				return err
 			}

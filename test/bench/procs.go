@@ -83,6 +83,11 @@ const corefileTmpl = `.:%d {
 // startCoreDNS runs CoreDNS for a new Pod in ns. plugin is the k8s_event
 // block, or "" for the baseline without the plugin.
 func (b *bench) startCoreDNS(ctx context.Context, ns, plugin string) (*coreDNS, error) {
+	return b.startCoreDNSOf(ctx, b.coredns, ns, plugin)
+}
+
+// startCoreDNSOf is startCoreDNS with the CoreDNS binary bin.
+func (b *bench) startCoreDNSOf(ctx context.Context, bin, ns, plugin string) (*coreDNS, error) {
 	pod, err := b.kube.CreatePod(ctx, ns, fmt.Sprintf("coredns-%d", time.Now().UnixNano()%1e9))
 	if err != nil {
 		return nil, err
@@ -120,7 +125,7 @@ func (b *bench) startCoreDNS(ctx context.Context, ns, plugin string) (*coreDNS, 
 		"COREDNS_POD_UID=" + string(pod.UID),
 		"COREDNS_NODE_NAME=node-bench",
 	}
-	c.Process, err = cluster.StartProcess("coredns", filepath.Join(c.dir, "coredns.log"), env, b.coredns, "-conf", conf)
+	c.Process, err = cluster.StartProcess("coredns", filepath.Join(c.dir, "coredns.log"), env, bin, "-conf", conf)
 	if err != nil {
 		return nil, err
 	}
