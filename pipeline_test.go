@@ -528,12 +528,22 @@ func TestFatalIsWrittenBeforeReturning(t *testing.T) {
 	p.start()
 	t.Cleanup(func() { p.stop(time.Second) })
 	before := readLedger()
+	writes := eventWrites.WithLabelValues(levelFatal.reason(), "create")
+	writesBefore := testutil.ToFloat64(writes)
 	p.listener.Fatalf("plugin/reload: ", "cannot %s", "go on")
 	ev := only(t, events(t, api))
 	if ev.Reason != "CoreDNSFatal" || ev.Type != "Warning" || ev.Message != "plugin/reload: cannot go on" || ev.Count != 1 {
 		t.Errorf("fatal event %+v", ev)
 	}
 	checkLedger(t, api, before, 0)
+	// The scheduler books the answer once the line is out: soon after.
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(writes)-writesBefore != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf(`writes_total{reason="CoreDNSFatal",verb="create"} rose by %v, want 1`, testutil.ToFloat64(writes)-writesBefore)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // TestFatalWaitsForNoLookup: with no UID from the downward API and an API
