@@ -60,36 +60,3 @@ func TestParseVersion(t *testing.T) {
 		t.Error("Less orders releases wrongly")
 	}
 }
-
-func TestForCoreDNS(t *testing.T) {
-	ref, v, ok := ForCoreDNS("localhost/coredns-k8s-event", "0.2.0", "registry.k8s.io/coredns/coredns:v1.13.1")
-	if !ok || ref != "localhost/coredns-k8s-event:1.13.1-0.2.0" || v != (Version{1, 13, 1}) {
-		t.Errorf("ForCoreDNS = %q %v %v", ref, v, ok)
-	}
-	// Already k8s_event: the same release again.
-	ref, _, ok = ForCoreDNS("r.example/k", "v0.3.0", "localhost/coredns-k8s-event:1.12.0-0.2.0-3f2a9c01d4e5")
-	if !ok || ref != "r.example/k:1.12.0-0.3.0" {
-		t.Errorf("ForCoreDNS over k8s_event = %q %v", ref, ok)
-	}
-	if _, _, ok := ForCoreDNS("r.example/k", "0.2.0", "coredns/coredns@sha256:0123"); ok {
-		t.Error("ForCoreDNS guessed a release from a digest")
-	}
-}
-
-func TestSameCoreDNS(t *testing.T) {
-	for _, c := range []struct {
-		running, image string
-		same           bool
-		change         string
-	}{
-		{"registry.k8s.io/coredns/coredns:v1.13.1", "localhost/coredns-k8s-event:1.13.1-0.2.0-3f2a9c01d4e5", true, "CoreDNS 1.13.1 -> 1.13.1"},
-		{"registry.k8s.io/coredns/coredns:v1.13.1", "localhost/coredns-k8s-event:1.15.0-0.2.0-3f2a9c01d4e5", false, "CoreDNS 1.13.1 -> 1.15.0"},
-		{"registry.k8s.io/coredns/coredns@sha256:0123", "localhost/coredns-k8s-event:1.15.0-0.2.0", false, "CoreDNS unknown -> 1.15.0"},
-		{"registry.k8s.io/coredns/coredns:v1.13.1", "mine/coredns:latest", false, "CoreDNS 1.13.1 -> unknown"},
-	} {
-		same, change := SameCoreDNS(c.running, c.image)
-		if same != c.same || change != c.change {
-			t.Errorf("SameCoreDNS(%q, %q) = %v %q, want %v %q", c.running, c.image, same, change, c.same, c.change)
-		}
-	}
-}

@@ -471,9 +471,9 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 		return nil, fmt.Errorf("%w: deployment %s/%s runs %s; name the image of k8s_event on that release (%s)", ErrNoImage, ns, d.Name, releaseOf(orig.Image), buildHint(orig.Image))
 	}
 	r.res.CoreDNSAfter = release(o.Image)
-	if same, change := imageref.SameCoreDNS(orig.Image, o.Image); !same {
-		why := fmt.Sprintf("image %s runs %s and deployment %s/%s %s: the install would change the CoreDNS release too (%s)", o.Image, releaseOf(o.Image), ns, d.Name, releaseOf(orig.Image), change)
-		if _, known := imageref.CoreDNSVersion(o.Image); known && r.res.CoreDNSBefore != "unknown" && !o.Force {
+	if before, after := r.res.CoreDNSBefore, r.res.CoreDNSAfter; before != after || before == "unknown" {
+		why := fmt.Sprintf("image %s runs %s and deployment %s/%s %s: the install would change the CoreDNS release too (CoreDNS %s -> %s)", o.Image, releaseOf(o.Image), ns, d.Name, releaseOf(orig.Image), before, after)
+		if before != "unknown" && after != "unknown" && !o.Force {
 			refuse = append(refuse, why+"; name the image of k8s_event on the release it runs ("+buildHint(orig.Image)+"), or --force to change the release with it")
 		} else {
 			r.warn(why)
