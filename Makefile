@@ -44,7 +44,7 @@ NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 with_tools = tools_env=$$(hack/tools.sh env $(NODE)); set -a; eval "$$tools_env"; set +a;
 with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(NODE)); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build build-check image release tools test test-unit test-newest test-floor test-faults test-e2e demo bench fuzz mutate mutate-contract clean
+.PHONY: all build build-check image release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-against fuzz mutate mutate-contract clean
 
 all: build
 
@@ -148,6 +148,14 @@ bench:
 	$(GO) build -o bin/k8s-event-bench ./test/bench
 	hack/tools.sh dnsperf
 	$(with_tools) bin/k8s-event-bench -coredns bin/coredns-e2e -micro bin/bench-micro.txt -out bin/bench-report.md
+
+# bench-against compares the listener micro-benchmarks with those of BASE
+# (a commit), both built once and run in turns: `make bench-against
+# BASE=v1.2.0 TURNS=20`. The report is bin/bench-against/report.txt.
+BASE ?= HEAD
+TURNS ?= 10
+bench-against:
+	hack/bench-against.sh '$(BASE)' '$(TURNS)'
 
 # fuzz runs every fuzz target of every package for FUZZTIME.
 fuzz:

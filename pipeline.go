@@ -90,8 +90,11 @@ func (p *pipeline) run() {
 				break
 			}
 			dispatch = p.sched.observe(ln)
-			for len(lines) > 0 { // lines that come meanwhile too
-				dispatch = p.sched.observe(<-lines) || dispatch
+			// Lines that come meanwhile too; len, which the listeners write, once a run.
+			for n := len(lines); n > 0; n = len(lines) {
+				for range n {
+					dispatch = p.sched.observe(<-lines) || dispatch
+				}
 			}
 			// Lines more often than stormGap are taken in batches: a
 			// parked goroutine costs the listener a thread wake-up per
