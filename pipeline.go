@@ -13,8 +13,7 @@ import (
 )
 
 const (
-	// In a storm, the scheduler's goroutine takes lines in batches, at most
-	// one every batchPause: well under the time it takes to fill the queue.
+	// In a storm, run takes lines in batches, one every batchPause at most.
 	stormGap   = time.Millisecond
 	batchPause = time.Millisecond
 )
@@ -24,11 +23,10 @@ const (
 //	listener (hook.go) --lines--> run: scheduler (scheduler.go) --requests--> writers (writer.go)
 //	                                ^-------------------- results -------------------'
 //
-// run is the only goroutine that touches the scheduler: one message at a
-// time (lines, a result, the timer, a reload, stop, the deadline, a fatal
-// line's request for a token), then what can be sent goes to writer
-// goroutines, and the one timer is armed for the next thing due. It never
-// waits on I/O, so a fatal line gets its token at once.
+// run is the only goroutine that touches the scheduler: one message at a time (lines, a
+// result, the timer, a reload, stop, the deadline, a fatal line's request for a token),
+// then what can be sent goes to writer goroutines, and the one timer is armed for the
+// next thing due. It never waits on I/O, so a fatal line gets its token at once.
 type pipeline struct {
 	clock    clock.WithTicker
 	listener *listener
@@ -90,17 +88,20 @@ func (p *pipeline) run() {
 				break
 			}
 			dispatch = p.sched.observe(ln)
-			// Lines that come meanwhile too; len, which the listeners write, once a run.
-			for n := len(lines); n > 0; n = len(lines) {
-				for range n {
+			// Lines that come meanwhile too, a queue's worth at most: then the other
+			// messages get their turn. len, which the listeners write, once a run.
+			taken := 1
+			for n := len(lines); n > 0 && taken < queueSize; n = len(lines) {
+				for range min(n, queueSize-taken) {
 					dispatch = p.sched.observe(<-lines) || dispatch
+					taken++
 				}
 			}
-			// Lines more often than stormGap are taken in batches: a
-			// parked goroutine costs the listener a thread wake-up per
-			// line, one asleep for batchPause one per batch (real time).
+			// Lines more often than stormGap are taken in batches: a parked
+			// goroutine costs the listener a thread wake-up per line, one asleep
+			// for batchPause one per batch (real time). No pause when lines wait.
 			now := time.Now()
-			if now.Sub(batch) < stormGap {
+			if taken < queueSize && now.Sub(batch) < stormGap {
 				time.Sleep(batchPause)
 			}
 			batch = now
@@ -150,10 +151,9 @@ func (p *pipeline) post(ctx context.Context, f func(now time.Time)) bool {
 	case p.control <- f:
 		return true
 	case <-p.done:
-		return false
 	case <-ctx.Done():
-		return false
 	}
+	return false
 }
 
 // apply takes new settings without losing what is pending.

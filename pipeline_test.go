@@ -714,3 +714,52 @@ func TestGoroutineSleepsWhileEventWaitsAtSlowRate(t *testing.T) {
 		t.Errorf("%d timers armed in 200 ms while one event waits for a token at QPS 1e-12: the goroutine spins", n)
 	}
 }
+
+// The scheduler's goroutine serves its other messages while lines keep
+// coming: with senders always waiting on a full hand-off, a reload still
+// takes effect, and the fatal line that follows is written within
+// fatalTimeout. run takes at most a queue's worth of lines before it looks
+// at its other messages.
+func TestMessagesAreServedWhileLinesNeverStop(t *testing.T) {
+	p, api, clk := newTestPipeline(t, testConfig(all, 1, 25, 64))
+	p.fatalTimeout = 2 * time.Second
+	p.start()
+	flooding := make(chan struct{})
+	var wg sync.WaitGroup
+	ln := line{level: levelError, plugin: "plugin/errors: ", text: "plugin/errors: upstream down", at: clk.Now()}
+	for range 32 { // blocked senders refill the hand-off as each line is taken
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case p.listener.lines <- ln:
+				case <-flooding:
+					return
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(flooding)
+		wg.Wait()
+		p.stop(time.Second)
+	}()
+	for len(p.listener.lines) < queueSize {
+		time.Sleep(time.Millisecond)
+	}
+	applied := make(chan struct{})
+	go func() {
+		p.apply(testConfig(all, 1, 25, 64), api.client)
+		p.listener.Fatalf("plugin/reload: ", "cannot go on")
+		close(applied)
+	}()
+	select {
+	case <-applied:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a reload and a fatal line waited 10 s for the scheduler, busy taking lines")
+	}
+	if _, ok := messages(api)["plugin/reload: cannot go on"]; !ok {
+		t.Error("the fatal line logged while lines never stopped was not written")
+	}
+}
