@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -259,6 +260,42 @@ func events(t testing.TB, api *fakeAPI) []corev1.Event {
 var corev1Pod = corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "coredns-1", Namespace: "kube-system", UID: "uid-1"}}
 
 func newController(stanza string) *caddy.Controller { return caddy.NewTestController("dns", stanza) }
+
+// logCapture is the standard logger's output, which CoreDNS's loggers write
+// through; the plugin writes it from goroutines of its own.
+type logCapture struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func captureLog(t *testing.T) *logCapture {
+	c := &logCapture{}
+	log.SetOutput(c)
+	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	return c
+}
+
+func (c *logCapture) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.Write(p)
+}
+
+func (c *logCapture) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.String()
+}
+
+// said counts the lines that contain s, once want of them are written (5 s
+// at most) and a little more time has passed for any more.
+func (c *logCapture) said(s string, want int) int {
+	for deadline := time.Now().Add(5 * time.Second); strings.Count(c.String(), s) < want && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	return strings.Count(c.String(), s)
+}
 
 func TestMain(m *testing.M) {
 	log.SetOutput(io.Discard) // CoreDNS's loggers write through the standard logger

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -457,13 +456,11 @@ func TestFlushSaysWhyWritesFail(t *testing.T) {
 	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
 	var said rejectionLog
 	h.s.report = func(now time.Time, err error) { said.report(now, err, h.s.pod.namespace()) }
-	var logged strings.Builder
-	log.SetOutput(&logged)
-	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	logged := captureLog(t)
 	api.setFault(func(apiRequest) fault { return fault{code: http.StatusForbidden} })
 	h.observe(ln(levelError, "errors", "refused at shutdown", clk.Now()))
 	h.stop(time.Second)
-	if !strings.Contains(logged.String(), "grant create and patch on events") {
+	if logged.said("grant create and patch on events", 1) == 0 {
 		t.Errorf("the flush did not say why its write failed:\n%s", logged.String())
 	}
 }
@@ -761,5 +758,47 @@ func TestMessagesAreServedWhileLinesNeverStop(t *testing.T) {
 	}
 	if _, ok := messages(api)["plugin/reload: cannot go on"]; !ok {
 		t.Error("the fatal line logged while lines never stopped was not written")
+	}
+}
+
+// stuckWriter is a stderr whose reader has stalled: a write blocks until
+// release is closed.
+type stuckWriter struct {
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (w *stuckWriter) Write(b []byte) (int, error) {
+	w.once.Do(func() { close(w.entered) })
+	<-w.release
+	return len(b), nil
+}
+
+// The scheduler's goroutine never waits on stderr: with the log's reader
+// stalled in the middle of saying why a write was refused, a fatal line
+// logged next is still written within fatalTimeout.
+func TestRunNeverWaitsOnTheLog(t *testing.T) {
+	w := &stuckWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	log.SetOutput(w)
+	p, api, _ := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	p.fatalTimeout = time.Second
+	api.setFault(firstFaults(1, fault{code: http.StatusForbidden})) // the error line's create
+	p.start()
+	t.Cleanup(func() {
+		close(w.release)
+		log.SetOutput(io.Discard)
+		p.stop(time.Second)
+	})
+	before := readLedger()
+	p.listener.Errorf("plugin/errors: ", "upstream down") // refused: run says why
+	select {
+	case <-w.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the refusal was never said")
+	}
+	p.listener.Fatalf("plugin/reload: ", "cannot go on")
+	if evs := ofReason(events(t, api), "CoreDNSFatal"); len(evs) != 1 {
+		t.Errorf("fatal line not written while stderr is stalled (dropped %v)", readLedger().since(before).dropped)
 	}
 }

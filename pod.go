@@ -82,7 +82,7 @@ func (id *podIdentity) read(reqID uint64) request {
 
 // readDone takes the read's answer. A read refused for good with list is
 // made again with get; one refused for good with get is given up, said
-// once, and events go without the UID. Any other failure is tried again
+// once (in a goroutine: run never waits on stderr), and events go without the UID. Any other failure is tried again
 // with a backoff. It returns the error to report.
 func (id *podIdentity) readDone(res result, now time.Time, r *rand.Rand) error {
 	id.reading = 0
@@ -96,7 +96,7 @@ func (id *podIdentity) readDone(res result, now time.Time, r *rand.Rand) error {
 			return nil
 		}
 		id.lookup = false
-		clog.Warningf("plugin/%s: %s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", pluginName, envPodUID, res.err)
+		go clog.Warningf("plugin/%s: %s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", pluginName, envPodUID, res.err)
 		return nil
 	}
 	id.failures++

@@ -2,8 +2,6 @@ package k8s_event
 
 import (
 	"fmt"
-	"io"
-	"log"
 	"net/http"
 	"net/url"
 	"slices"
@@ -50,13 +48,6 @@ func uidsOf(evs []corev1.Event) []types.UID {
 		out = append(out, ev.InvolvedObject.UID)
 	}
 	return out
-}
-
-func captureLog(t *testing.T) *strings.Builder {
-	var logged strings.Builder
-	log.SetOutput(&logged)
-	t.Cleanup(func() { log.SetOutput(io.Discard) })
-	return &logged
 }
 
 // recordURLs makes h's requests through a client of api that records the
@@ -144,7 +135,7 @@ func TestPodUIDReadByGetWhenListRefused(t *testing.T) {
 	if ev := only(t, events(t, api)); ev.InvolvedObject.UID != "uid-9" {
 		t.Errorf("UID %q, want uid-9", ev.InvolvedObject.UID)
 	}
-	if strings.Contains(logged.String(), "cannot be read") || len(h.reports) != 0 {
+	if logged.said("cannot be read", 0) != 0 || len(h.reports) != 0 {
 		t.Errorf("a list refused and a get allowed said as a failure: %v\n%s", h.reports, logged.String())
 	}
 }
@@ -180,7 +171,7 @@ func TestPodUIDUnreadable(t *testing.T) {
 			break
 		}
 	}
-	if n := strings.Count(logged.String(), "cannot be read"); n != 1 {
+	if n := logged.said("cannot be read", 1); n != 1 {
 		t.Errorf("said %d times that the UID cannot be read, want once:\n%s", n, logged.String())
 	}
 }

@@ -197,8 +197,8 @@ func countAnswer(res result, expected string) {
 	apiErrors.WithLabelValues(code).Inc()
 }
 
-// rejectionLog says why writes fail, at most once a minute, through the
-// package logger: a plugin logger would feed the listener.
+// rejectionLog says why writes fail, at most once a minute, through the package logger
+// (a plugin logger would feed the listener), in a goroutine: run never waits on stderr.
 type rejectionLog struct {
 	mu   sync.Mutex
 	last time.Time
@@ -223,5 +223,5 @@ func (r *rejectionLog) report(now time.Time, err error, namespace string) {
 	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
 		hint = "the event was refused as invalid"
 	}
-	clog.Errorf("plugin/%s: writing event: %v: %s", pluginName, err, hint)
+	go clog.Errorf("plugin/%s: writing event: %v: %s", pluginName, err, hint)
 }

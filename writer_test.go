@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"net/http"
 	"strings"
 	"testing"
@@ -140,9 +138,7 @@ func TestRequestsLogNowhere(t *testing.T) {
 // TestRejectionLogOncePerMinute: why writes fail is said at most once a
 // minute, with a hint of the cause.
 func TestRejectionLogOncePerMinute(t *testing.T) {
-	var buf strings.Builder
-	log.SetOutput(&buf)
-	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	logged := captureLog(t)
 	var r rejectionLog
 	err := errors.New("boom")
 	r.report(epoch, nil, "ns") // nothing to say
@@ -150,8 +146,9 @@ func TestRejectionLogOncePerMinute(t *testing.T) {
 		r.report(epoch.Add(time.Duration(i)*time.Second), err, "ns")
 	}
 	r.report(epoch.Add(time.Minute), apierrors.NewForbidden(schema.GroupResource{Resource: "events"}, "x", errors.New("rbac")), "ns")
-	out := buf.String()
-	if n := strings.Count(out, "writing event: "); n != 2 {
+	n := logged.said("writing event: ", 2)
+	out := logged.String()
+	if n != 2 {
 		t.Errorf("%d lines in 70 s, want 2:\n%s", n, out)
 	}
 	if !strings.Contains(out, "boom: will retry") || !strings.Contains(out, "grant create and patch on events") {
@@ -163,9 +160,7 @@ func TestRejectionLogOncePerMinute(t *testing.T) {
 // the package logger, once a minute, with its hint.
 func TestRefusalSaidInTheLog(t *testing.T) {
 	p, api, _ := newTestPipeline(t, testConfig(all, 100, 100, 64))
-	var logged strings.Builder
-	log.SetOutput(&logged)
-	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	logged := captureLog(t)
 	api.setFault(func(apiRequest) fault { return fault{code: http.StatusForbidden} })
 	p.start()
 	for i := range 3 {
@@ -179,7 +174,7 @@ func TestRefusalSaidInTheLog(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	p.stop(100 * time.Millisecond)
-	if n := strings.Count(logged.String(), "grant create and patch on events"); n != 1 {
+	if n := logged.said("grant create and patch on events", 1); n != 1 {
 		t.Errorf("said %d times why the writes failed, want once:\n%s", n, logged.String())
 	}
 }
