@@ -32,9 +32,8 @@ type eventKey struct {
 
 func (k eventKey) combined() bool { return k.message == "" }
 
-// entry is what the scheduler knows of one event. Entries belong to the
-// scheduler's goroutine: writers get a request made from one, never the
-// entry itself.
+// entry is what the scheduler knows of one event. Entries belong to the scheduler's goroutine:
+// writers get a request made from one, never the entry itself.
 type entry struct {
 	key eventKey
 	tally
@@ -74,10 +73,9 @@ type windowKey struct {
 	plugin string
 }
 
-// window counts the distinct lines of one plugin and level. As client-go's
-// aggregator does, it lasts as long as each new line comes within
-// combineWindow of the one before: a storm that goes on at one line a
-// minute stays combined.
+// window counts the distinct lines of one plugin and level. As client-go's aggregator does, it
+// lasts as long as each new line comes within combineWindow of the one before: a storm that goes on
+// at one line a minute stays combined.
 type window struct {
 	last     time.Time // of the latest distinct line
 	distinct int
@@ -101,9 +99,8 @@ func (w *window) combinedShape(message string) uint64 {
 	return shape
 }
 
-// correlator folds lines into entries: repeats counted, storms combined by
-// shape, the least recently seen evicted beyond the cache size. Owned by
-// the scheduler's goroutine.
+// correlator folds lines into entries: repeats counted, storms combined by shape, the least
+// recently seen evicted beyond the cache size. Owned by the scheduler's goroutine.
 type correlator struct {
 	cache   *simplelru.LRU[eventKey, *entry]
 	windows map[windowKey]*window

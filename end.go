@@ -4,17 +4,15 @@ import (
 	"time"
 )
 
-// The end of a storm. A storm's entry (isStorm) whose lines are all written
-// is watched by the scheduler until it has had no new line for quiet; then
-// the scheduler decides the end: a new entry, the end, joins the ends to
-// write, and the storm's entry starts afresh, so that its next line is a
-// new storm, created as a new object, with its own end. Nothing of this
-// runs on the DNS path.
+// The end of a storm. A storm's entry (isStorm) whose lines are all written is watched by the
+// scheduler until it has had no new line for quiet; then the scheduler decides the end: a new
+// entry, the end, joins the ends to write, and the storm's entry starts afresh, so that its next
+// line is a new storm, created as a new object, with its own end. Nothing of this runs on the DNS
+// path.
 //
-// An end carries no lines: its tally stays empty, so it never enters the
-// accounting of lines. It is written once, from its own bucket, endBucket;
-// a create that got no answer is retried under the same name, as the
-// creates of lines are.
+// An end carries no lines: its tally stays empty, so it never enters the accounting of lines. It is
+// written once, from its own bucket, endBucket; a create that got no answer is retried under the
+// same name, as the creates of lines are.
 
 // endSpec is what an end event says; set on end entries only.
 type endSpec struct {
@@ -61,8 +59,7 @@ func endOf(e *entry, now time.Time) *entry {
 	return end
 }
 
-// ends are the ends decided and not yet written, oldest first. Owned by
-// the scheduler's goroutine.
+// ends are the ends decided and not yet written, oldest first. Owned by the scheduler's goroutine.
 type ends struct {
 	list []*entry
 }
@@ -85,8 +82,7 @@ func (q *ends) remove(end *entry) {
 	}
 }
 
-// trim keeps the oldest limit ends; one whose write is in flight is left
-// to it.
+// trim keeps the oldest limit ends; one whose write is in flight is left to it.
 func (q *ends) trim(limit int) {
 	if len(q.list) <= limit {
 		return

@@ -20,9 +20,8 @@
 // Events are built in event.go; account.go is the one place where lines
 // move between seen, carried by a write, and dropped.
 //
-// One pipeline serves the whole process, whatever the number of server blocks
-// and across reloads: the broadcaster below attaches caddy instances to it and
-// stops it when the last one is gone.
+// One pipeline serves the whole process, whatever the number of server blocks and across reloads:
+// the broadcaster below attaches caddy instances to it and stops it when the last one is gone.
 package k8s_event
 
 import (
@@ -55,8 +54,7 @@ type instance struct {
 
 type instanceKey struct{}
 
-// instanceOf returns the state of the instance that c configures, creating
-// it for the first block.
+// instanceOf returns the state of the instance that c configures, creating it for the first block.
 func instanceOf(c *caddy.Controller) *instance {
 	if inst, ok := c.Get(instanceKey{}).(*instance); ok {
 		return inst
@@ -69,9 +67,8 @@ func instanceOf(c *caddy.Controller) *instance {
 // addBlock merges one block's settings. It returns the instance when this was
 // the first block, nil otherwise, so that hooks are wired once per instance.
 //
-// Levels are the union over all blocks. The rate is process-wide: a block
-// without a rate line takes the rate of one that has it, and two different
-// rate lines are an error. So is quiet.
+// Levels are the union over all blocks. The rate is process-wide: a block without a rate line takes
+// the rate of one that has it, and two different rate lines are an error. So is quiet.
 func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, error) {
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
@@ -154,16 +151,13 @@ type broadcaster struct {
 
 var global = &broadcaster{clock: clock.RealClock{}}
 
-// On SIGTERM caddy runs every shutdown hook, then the final ones (the
-// health plugin's lameduck among them, while the servers still answer and
-// log), then the process-exit hooks, and then stops the servers. So once
-// the process is exiting, the pipeline outlives the shutdown hooks and
-// stops in a process-exit hook: what CoreDNS logs through its lameduck is
-// written too.
+// On SIGTERM caddy runs every shutdown hook, then the final ones (the health plugin's lameduck
+// among them, while the servers still answer and log), then the process-exit hooks, and then stops
+// the servers. So once the process is exiting, the pipeline outlives the shutdown hooks and stops
+// in a process-exit hook: what CoreDNS logs through its lameduck is written too.
 //
-// caddy's SIGUSR1 handler purges every event hook before it restarts and
-// restores them only when the restart fails, so the hook is registered
-// again by each instance that attaches.
+// caddy's SIGUSR1 handler purges every event hook before it restarts and restores them only when
+// the restart fails, so the hook is registered again by each instance that attaches.
 func init() {
 	registerExitingHook()
 	caddy.OnProcessExit = append(caddy.OnProcessExit, global.exit)
@@ -235,9 +229,8 @@ func (b *broadcaster) forgetAfter(inst *instance) {
 	})
 }
 
-// change edits the attached instances and, if edit says they changed,
-// reconciles the pipeline with them; a stop it calls for runs after the
-// lock is released.
+// change edits the attached instances and, if edit says they changed, reconciles the pipeline with
+// them; a stop it calls for runs after the lock is released.
 func (b *broadcaster) change(edit func() bool) error {
 	b.mu.Lock()
 	if !edit() {
@@ -250,9 +243,8 @@ func (b *broadcaster) change(edit func() bool) error {
 	return err
 }
 
-// stopping is a pipeline whose listener is gone and whose flush is still
-// to run, outside the broadcaster's lock: a reload that removes k8s_event
-// must not wait for it.
+// stopping is a pipeline whose listener is gone and whose flush is still to run, outside the
+// broadcaster's lock: a reload that removes k8s_event must not wait for it.
 type stopping struct{ p *pipeline }
 
 func (s stopping) finish() {
@@ -261,9 +253,8 @@ func (s stopping) finish() {
 	}
 }
 
-// reconcileLocked runs the pipeline with the newest instance's settings, or
-// takes it down when none is left; the caller finishes the stop after
-// unlocking.
+// reconcileLocked runs the pipeline with the newest instance's settings, or takes it down when none
+// is left; the caller finishes the stop after unlocking.
 func (b *broadcaster) reconcileLocked() (stopping, error) {
 	if len(b.attached) == 0 {
 		p := b.p

@@ -35,6 +35,7 @@ type pipeline struct {
 	results  chan result
 	control  chan func(now time.Time)
 	reporter rejectionLog
+	said     sync.WaitGroup // the plugin's own log lines being written
 
 	// I/O time limits, in real time: CoreDNS's exit waits on them.
 	writeTimeout time.Duration
@@ -62,7 +63,11 @@ func newPipeline(cfg config, client kubernetes.Interface, pod podIdentity, clk c
 	p.listener.levels.Store(uint32(cfg.levels))
 	p.sched.backlog = func() int { return len(p.listener.lines) }
 	ns := pod.namespace()
-	p.sched.report = func(now time.Time, err error) { p.reporter.report(now, err, ns) }
+	p.sched.report = func(now time.Time, err error) {
+		if say := p.reporter.report(now, err, ns); say != nil {
+			p.said.Go(say) // run never waits on stderr
+		}
+	}
 	// client-go logs about a request through the logger of its context; a
 	// discarding one keeps those lines from reaching a plugin logger (the
 	// kubernetes plugin routes klog into its own) and so from becoming events.
@@ -222,7 +227,9 @@ func (p *pipeline) deregister() {
 // returns). What is still pending then is dropped.
 func (p *pipeline) stop(timeout time.Duration) {
 	p.stopOnce.Do(func() {
+		expired, said := make(chan struct{}), make(chan struct{})
 		expire := time.AfterFunc(timeout, func() {
+			close(expired)
 			p.cancel() // requests in flight end now
 			p.post(context.Background(), func(time.Time) { p.sched.expire() })
 		})
@@ -232,5 +239,10 @@ func (p *pipeline) stop(timeout time.Duration) {
 		p.post(context.Background(), func(now time.Time) { p.sched.stop(now, end.Sub(now)) })
 		<-p.done
 		p.cancel()
+		go func() { p.said.Wait(); close(said) }()
+		select { // the plugin's own log lines are out before CoreDNS exits, in the flush's time
+		case <-said:
+		case <-expired:
+		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -455,12 +456,16 @@ func TestFlushPausesBetweenTries(t *testing.T) {
 func TestFlushSaysWhyWritesFail(t *testing.T) {
 	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
 	var said rejectionLog
-	h.s.report = func(now time.Time, err error) { said.report(now, err, h.s.pod.namespace()) }
+	h.s.report = func(now time.Time, err error) {
+		if f := said.report(now, err, h.s.pod.namespace()); f != nil {
+			f()
+		}
+	}
 	logged := captureLog(t)
 	api.setFault(func(apiRequest) fault { return fault{code: http.StatusForbidden} })
 	h.observe(ln(levelError, "errors", "refused at shutdown", clk.Now()))
 	h.stop(time.Second)
-	if logged.said("grant create and patch on events", 1) == 0 {
+	if !strings.Contains(logged.String(), "grant create and patch on events") {
 		t.Errorf("the flush did not say why its write failed:\n%s", logged.String())
 	}
 }
@@ -800,5 +805,33 @@ func TestRunNeverWaitsOnTheLog(t *testing.T) {
 	p.listener.Fatalf("plugin/reload: ", "cannot go on")
 	if evs := ofReason(events(t, api), "CoreDNSFatal"); len(evs) != 1 {
 		t.Errorf("fatal line not written while stderr is stalled (dropped %v)", readLedger().since(before).dropped)
+	}
+}
+
+// slowWriter is a stderr that takes delay to write each line.
+type slowWriter struct {
+	logCapture
+	delay time.Duration
+}
+
+func (w *slowWriter) Write(b []byte) (int, error) {
+	time.Sleep(w.delay)
+	return w.logCapture.Write(b)
+}
+
+// CoreDNS exits as soon as stop returns: why the flush's writes failed is
+// on stderr by then, as long as the flush's time allows, though the
+// scheduler's goroutine does not write it itself.
+func TestRefusalSaidBeforeStopReturns(t *testing.T) {
+	w := &slowWriter{delay: 20 * time.Millisecond}
+	log.SetOutput(w)
+	t.Cleanup(func() { log.SetOutput(io.Discard) })
+	p, api, _ := newTestPipeline(t, testConfig(all, 100, 100, 64))
+	api.setFault(func(apiRequest) fault { return fault{code: http.StatusForbidden} })
+	p.start()
+	p.listener.Errorf("plugin/errors: ", "refused at shutdown")
+	p.stop(time.Second)
+	if !strings.Contains(w.String(), "grant create and patch on events") {
+		t.Errorf("stop returned before the refusal was said; stderr: %q", w.String())
 	}
 }

@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"time"
@@ -80,9 +81,16 @@ func (id *podIdentity) read(reqID uint64) request {
 	return request{id: reqID, verb: id.verb, namespace: id.ref.Namespace, name: id.ref.Name}
 }
 
+// errUnreadable says that the pod's UID cannot be read: events go without it.
+type errUnreadable struct{ err error }
+
+func (e errUnreadable) Error() string {
+	return fmt.Sprintf("%s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", envPodUID, e.err)
+}
+
 // readDone takes the read's answer. A read refused for good with list is
 // made again with get; one refused for good with get is given up, said
-// once (in a goroutine: run never waits on stderr), and events go without the UID. Any other failure is tried again
+// once, and events go without the UID. Any other failure is tried again
 // with a backoff. It returns the error to report.
 func (id *podIdentity) readDone(res result, now time.Time, r *rand.Rand) error {
 	id.reading = 0
@@ -96,8 +104,7 @@ func (id *podIdentity) readDone(res result, now time.Time, r *rand.Rand) error {
 			return nil
 		}
 		id.lookup = false
-		go clog.Warningf("plugin/%s: %s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", pluginName, envPodUID, res.err)
-		return nil
+		return errUnreadable{res.err}
 	}
 	id.failures++
 	id.nextTry, id.asked = now.Add(backoff(r, id.failures, res.retryAfter)), now.Add(res.retryAfter)

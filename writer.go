@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -198,20 +197,16 @@ func countAnswer(res result, expected string) {
 }
 
 // rejectionLog says why writes fail, at most once a minute, through the package logger
-// (a plugin logger would feed the listener), in a goroutine: run never waits on stderr.
-type rejectionLog struct {
-	mu   sync.Mutex
-	last time.Time
-}
+// (a plugin logger would feed the listener). report returns the line's write, nil if none.
+type rejectionLog struct{ last time.Time }
 
-func (r *rejectionLog) report(now time.Time, err error, namespace string) {
-	if err == nil {
-		return
+func (r *rejectionLog) report(now time.Time, err error, namespace string) func() {
+	var gone errUnreadable
+	if errors.As(err, &gone) {
+		return func() { clog.Warningf("plugin/%s: %v", pluginName, gone) }
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.last.IsZero() && now.Sub(r.last) < time.Minute {
-		return
+	if err == nil || !r.last.IsZero() && now.Sub(r.last) < time.Minute {
+		return nil
 	}
 	r.last = now
 	hint := "will retry"
@@ -223,5 +218,5 @@ func (r *rejectionLog) report(now time.Time, err error, namespace string) {
 	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
 		hint = "the event was refused as invalid"
 	}
-	go clog.Errorf("plugin/%s: writing event: %v: %s", pluginName, err, hint)
+	return func() { clog.Errorf("plugin/%s: writing event: %v: %s", pluginName, err, hint) }
 }
