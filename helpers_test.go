@@ -262,7 +262,8 @@ var corev1Pod = corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "coredns-1", Name
 func newController(stanza string) *caddy.Controller { return caddy.NewTestController("dns", stanza) }
 
 // logCapture is the standard logger's output, which CoreDNS's loggers write
-// through; the plugin writes it from goroutines of its own.
+// through; the plugin writes it from goroutines of its own, which stop
+// waits for.
 type logCapture struct {
 	mu sync.Mutex
 	b  strings.Builder
@@ -285,16 +286,6 @@ func (c *logCapture) String() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.b.String()
-}
-
-// said counts the lines that contain s, once want of them are written (5 s
-// at most) and a little more time has passed for any more.
-func (c *logCapture) said(s string, want int) int {
-	for deadline := time.Now().Add(5 * time.Second); strings.Count(c.String(), s) < want && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	return strings.Count(c.String(), s)
 }
 
 func TestMain(m *testing.M) {

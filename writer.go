@@ -196,8 +196,10 @@ func countAnswer(res result, expected string) {
 	apiErrors.WithLabelValues(code).Inc()
 }
 
-// rejectionLog says why writes fail, at most once a minute, through the package logger
-// (a plugin logger would feed the listener). report returns the line's write, nil if none.
+// rejectionLog words what the scheduler reports as the plugin's own log lines, through the
+// package logger (a plugin logger would feed the listener): why writes fail, at most once a
+// minute, with a hint of the cause, and that the pod cannot be read, which comes once (its read
+// is given up once). report returns the line's write, nil if there is none to make.
 type rejectionLog struct{ last time.Time }
 
 func (r *rejectionLog) report(now time.Time, err error, namespace string) func() {

@@ -77,8 +77,9 @@ func (b *bench) throughput(ctx context.Context) error {
 		if b.together {
 			// A and B at once, each with its own dnsperf: whatever else
 			// the machine does falls on both alike. Which starts first
-			// alternates: two copies of one build, run this way with A
-			// always first, gave A 1.8% more CPU per query (48 pairs).
+			// alternates. Two copies of one build still give A about 1%
+			// more CPU per query over 48 pairs (1.8% with A always
+			// first): read A/B ratios against such an A/A run.
 			var cs [2]*coreDNS
 			for k, v := range order {
 				c, err := b.startCoreDNSOf(ctx, bins[v], ns, plugins[v])
