@@ -8,17 +8,18 @@ import (
 )
 
 const (
-	// combineAfter distinct lines of one plugin and level, each within
-	// combineWindow of the one before, make every further new line of that
-	// plugin and level part of a combined event, so that per-query errors
-	// cannot create an object each.
-	combineAfter  = 10
-	combineWindow = 10 * time.Minute
-	maxWindows    = 1024
-	// maxShapes bounds the combined events of one plugin and level in a
-	// window; lines of further shapes join one more, of shape otherShapes.
-	maxShapes   = 10
-	otherShapes = 1 // a shapeHash is never 1 in practice
+	// A plugin and level make at most ownEvents events of their own lines,
+	// then maxShapes combined events, one per shape, then one more for the
+	// lines of every other shape (otherShapes), in any budgetWindow: further
+	// new lines join the combined events, so that per-query errors cannot
+	// create an object each, and noise that pauses cannot start the budget
+	// over.
+	ownEvents    = 10
+	maxShapes    = 10
+	budget       = ownEvents + maxShapes + 1
+	budgetWindow = time.Hour
+	maxWindows   = 1024
+	otherShapes  = 1 // a shapeHash is never 1 in practice
 )
 
 // eventKey identifies one event: a log line, or, with an empty message, the
@@ -73,30 +74,28 @@ type windowKey struct {
 	plugin string
 }
 
-// window counts the distinct lines of one plugin and level. As client-go's aggregator does, it
-// lasts as long as each new line comes within combineWindow of the one before: a storm that goes on
-// at one line a minute stays combined.
+// window is the budget of one plugin and level: the times of its latest
+// new events, a ring of the budget's size.
 type window struct {
-	last     time.Time // of the latest distinct line
-	distinct int
-	shapes   map[uint64]struct{} // of its combined events, at most maxShapes
+	made [budget]int64 // UnixNano
+	next int
 }
 
-// combinedShape is the shape whose combined event a line joins: its own,
-// or otherShapes once the window has maxShapes.
-func (w *window) combinedShape(message string) uint64 {
-	shape := shapeHash(message)
-	if _, ok := w.shapes[shape]; ok {
-		return shape
+// spent is the number of new events made within budgetWindow before at.
+func (w *window) spent(at time.Time) int {
+	n, since := 0, at.Add(-budgetWindow).UnixNano()
+	for _, t := range w.made {
+		if t > since {
+			n++
+		}
 	}
-	if len(w.shapes) >= maxShapes {
-		return otherShapes
-	}
-	if w.shapes == nil {
-		w.shapes = map[uint64]struct{}{}
-	}
-	w.shapes[shape] = struct{}{}
-	return shape
+	return n
+}
+
+// spend records a new event made at at.
+func (w *window) spend(at time.Time) {
+	w.made[w.next] = at.UnixNano()
+	w.next = (w.next + 1) % budget
 }
 
 // correlator folds lines into entries: repeats counted, storms combined by shape, the least
@@ -119,12 +118,7 @@ func (c *correlator) observe(ln line) *entry {
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
 	e, ok := c.cache.Get(key)
 	if !ok {
-		if w := c.window(ln); w.distinct > combineAfter {
-			aggregated[ln.level].Inc()
-			// The window is of one plugin: its prefix is no part of the shape.
-			key.message, key.shape = "", w.combinedShape(strings.TrimPrefix(msg, ln.plugin))
-			e, ok = c.cache.Get(key)
-		}
+		key, e, ok = c.budgeted(key, ln)
 	}
 	if !ok {
 		e = &entry{key: key, first: ln.at}
@@ -146,24 +140,52 @@ func (c *correlator) observe(ln line) *entry {
 // combinedPrefix marks the message of a combined event, as client-go does.
 const combinedPrefix = "(combined from similar events): "
 
-// window counts a new distinct line in the window of its plugin and level.
-func (c *correlator) window(ln line) *window {
-	wk := windowKey{ln.level, ln.plugin}
+// budgeted is the key of a line that has no entry, within the budget of
+// its plugin and level, with the entry of that key if there is one.
+func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool) {
+	w := c.window(windowKey{ln.level, ln.plugin}, ln.at)
+	spent := w.spent(ln.at)
+	if spent < ownEvents {
+		w.spend(ln.at)
+		return key, nil, false
+	}
+	aggregated[ln.level].Inc()
+	// The budget is of one plugin: its prefix is no part of the shape.
+	key.message, key.shape = "", shapeHash(strings.TrimPrefix(key.message, ln.plugin))
+	if e, ok := c.cache.Get(key); ok {
+		return key, e, true
+	}
+	if spent < ownEvents+maxShapes {
+		w.spend(ln.at)
+		return key, nil, false
+	}
+	key.shape = otherShapes
+	e, ok := c.cache.Get(key)
+	if !ok { // the budget is spent only when the cache let this event go
+		w.spend(ln.at)
+	}
+	return key, e, ok
+}
+
+// window is the budget of wk. Beyond maxWindows, those unused for
+// budgetWindow go first.
+func (c *correlator) window(wk windowKey, at time.Time) *window {
 	w, ok := c.windows[wk]
-	if !ok {
+	if ok {
+		return w
+	}
+	if len(c.windows) >= maxWindows {
+		for k, old := range c.windows {
+			if old.spent(at) == 0 {
+				delete(c.windows, k)
+			}
+		}
 		if len(c.windows) >= maxWindows {
 			clear(c.windows)
 		}
-		w = &window{last: ln.at}
-		c.windows[wk] = w
 	}
-	if ln.at.Sub(w.last) > combineWindow {
-		w.distinct, w.shapes = 0, nil
-	}
-	if ln.at.After(w.last) {
-		w.last = ln.at
-	}
-	w.distinct++
+	w = &window{}
+	c.windows[wk] = w
 	return w
 }
 

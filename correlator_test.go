@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// TestDistinctLinesAreCombined: past combineAfter distinct lines of one
+// TestDistinctLinesAreCombined: past ownEvents distinct lines of one
 // plugin and level within the window, every new line joins the combined
 // event of its shape; the counts add up to the lines; another plugin has
 // a window of its own, and the window ends.
@@ -23,8 +23,8 @@ func TestDistinctLinesAreCombined(t *testing.T) {
 	}
 	drain(h)
 	evs := events(t, api)
-	if len(evs) != combineAfter+1 {
-		t.Fatalf("%d events, want %d distinct and one combined", len(evs), combineAfter)
+	if len(evs) != ownEvents+1 {
+		t.Fatalf("%d events, want %d distinct and one combined", len(evs), ownEvents)
 	}
 	var total int32
 	var combined *corev1.Event
@@ -37,20 +37,20 @@ func TestDistinctLinesAreCombined(t *testing.T) {
 	if total != n {
 		t.Errorf("counts add up to %d, want %d", total, n)
 	}
-	if combined == nil || combined.Count != n-combineAfter || !strings.HasSuffix(combined.Message, fmt.Sprintf("q%d.example.org. A: i/o timeout", n-1)) {
+	if combined == nil || combined.Count != n-ownEvents || !strings.HasSuffix(combined.Message, fmt.Sprintf("q%d.example.org. A: i/o timeout", n-1)) {
 		t.Fatalf("combined event %+v", combined)
 	}
-	if got := testutil.ToFloat64(aggregated[levelError]) - before; got != n-combineAfter {
-		t.Errorf("aggregated_total rose by %v, want %d", got, n-combineAfter)
+	if got := testutil.ToFloat64(aggregated[levelError]) - before; got != n-ownEvents {
+		t.Errorf("aggregated_total rose by %v, want %d", got, n-ownEvents)
 	}
 
 	// Another plugin has a window of its own, and the window ends.
 	h.observe(ln(levelError, "forward", "boom", clk.Now()))
-	clk.Step(combineWindow + time.Second)
+	clk.Step(budgetWindow + time.Second)
 	h.observe(ln(levelError, "errors", "fresh line", clk.Now()))
 	drain(h)
-	if got := len(events(t, api)); got != combineAfter+3 {
-		t.Errorf("%d events, want %d", got, combineAfter+3)
+	if got := len(events(t, api)); got != ownEvents+3 {
+		t.Errorf("%d events, want %d", got, ownEvents+3)
 	}
 }
 
@@ -58,7 +58,7 @@ func TestDistinctLinesAreCombined(t *testing.T) {
 // combined events; lines of further shapes join one more.
 func TestShapesPerWindowAreBounded(t *testing.T) {
 	c := newCorrelator(1024, func(*entry) {})
-	for i := range combineAfter {
+	for i := range ownEvents {
 		c.observe(ln(levelError, "errors", fmt.Sprint("distinct ", i), epoch))
 	}
 	shapes := map[uint64]bool{}
@@ -93,18 +93,18 @@ func TestWindowsAreBounded(t *testing.T) {
 	// Windows of two plugins live side by side: lines of both, interleaved,
 	// are combined past the threshold of each.
 	before := testutil.ToFloat64(aggregated[levelInfo])
-	for i := range 2 * combineAfter {
+	for i := range 2 * ownEvents {
 		c.observe(ln(levelInfo, "a", fmt.Sprint("a line ", i), epoch))
 		c.observe(ln(levelInfo, "b", fmt.Sprint("b line ", i), epoch))
 	}
-	if got := testutil.ToFloat64(aggregated[levelInfo]) - before; got != 2*combineAfter {
-		t.Errorf("%v lines combined, want %d", got, 2*combineAfter)
+	if got := testutil.ToFloat64(aggregated[levelInfo]) - before; got != 2*ownEvents {
+		t.Errorf("%v lines combined, want %d", got, 2*ownEvents)
 	}
 	clear(c.windows)
-	for i := range combineAfter {
+	for i := range ownEvents {
 		c.observe(ln(levelWarning, "forward", fmt.Sprint("line ", i), epoch))
 	}
-	at := epoch.Add(combineWindow) // the same window still
+	at := epoch.Add(budgetWindow - time.Nanosecond) // the same window still
 	before = testutil.ToFloat64(aggregated[levelWarning])
 	c.observe(ln(levelWarning, "forward", "one more", at))
 	if testutil.ToFloat64(aggregated[levelWarning]) != before+1 {
@@ -113,16 +113,65 @@ func TestWindowsAreBounded(t *testing.T) {
 }
 
 // TestSteadyStormStaysCombined: a storm of one distinct line a minute
-// never leaves its window: each new line comes within combineWindow of the
+// never leaves its window: each new line comes within the budget's hour of the
 // one before, so from the 11th on every line joins the combined event.
 func TestSteadyStormStaysCombined(t *testing.T) {
 	c := newCorrelator(1024, func(*entry) {})
 	at := epoch
 	for i := range 40 {
 		e := c.observe(ln(levelError, "errors", fmt.Sprintf("2 q%d.example.net. A: i/o timeout", i), at))
-		if i >= combineAfter && !e.key.combined() {
+		if i >= ownEvents && !e.key.combined() {
 			t.Fatalf("minute %d: the line is an event of its own, want it combined", i)
 		}
 		at = at.Add(time.Minute)
+	}
+}
+
+// noiseBurst is the burst of a client whose names never answer: 20 new
+// names, 10 of them with a byte that CoreDNS prints as \DDD, each a
+// distinct timeout line of plugin/errors.
+func noiseBurst(burst int, at time.Time) []line {
+	var out []line
+	for j := range 20 {
+		name := fmt.Sprintf("n%d-%d.noise.example", burst, j)
+		if j%2 == 1 {
+			name = fmt.Sprintf("n%d\\%03d%d.noise.example", burst, 128+j, j)
+		}
+		out = append(out, ln(levelError, "errors", fmt.Sprintf("2 %s. A: read udp 10.0.0.9:41000->192.0.2.53:53: i/o timeout", name), at))
+	}
+	return out
+}
+
+// TestPausesDoNotRestartTheBudget: a burst of 20 new names every 10
+// minutes and 1 second makes at most ownEvents + maxShapes + 1 new events
+// of its plugin and level in any hour, for hours: pausing between bursts
+// does not start the budget over.
+func TestPausesDoNotRestartTheBudget(t *testing.T) {
+	c := newCorrelator(4096, func(*entry) {})
+	seen := map[*entry]bool{}
+	var made []time.Time
+	at := epoch
+	for burst := range 30 { // 5 hours
+		for _, l := range noiseBurst(burst, at) {
+			if e := c.observe(l); !seen[e] {
+				seen[e] = true
+				made = append(made, at)
+			}
+		}
+		at = at.Add(10*time.Minute + time.Second)
+	}
+	for i := range made {
+		n := 0
+		for _, m := range made[i:] {
+			if m.Sub(made[i]) < budgetWindow {
+				n++
+			}
+		}
+		if n > budget {
+			t.Fatalf("%d new events in the hour from %v, want at most %d", n, made[i].Sub(epoch), budget)
+		}
+	}
+	if len(made) < 2*ownEvents {
+		t.Errorf("%d new events in 5 hours: the budget did not come back", len(made))
 	}
 }

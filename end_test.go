@@ -496,8 +496,8 @@ func TestSteadyStormIsNotSaidToEnd(t *testing.T) {
 			own++
 		}
 	}
-	if own > combineAfter {
-		t.Errorf("%d lines of the storm are events of their own, want the first %d only", own, combineAfter)
+	if own > ownEvents {
+		t.Errorf("%d lines of the storm are events of their own, want the first %d only", own, ownEvents)
 	}
 }
 

@@ -136,14 +136,14 @@ func TestCombinedByShape(t *testing.T) {
 	if !reflect.DeepEqual(perShape, want) {
 		t.Errorf("counts by shape %v, want %v", perShape, want)
 	}
-	if n := len(events(t, api)); combined != 2 || n != combineAfter+2 {
-		t.Errorf("%d events, %d combined; want %d of their own and one combined per shape", n, combined, combineAfter)
+	if n := len(events(t, api)); combined != 2 || n != ownEvents+2 {
+		t.Errorf("%d events, %d combined; want %d of their own and one combined per shape", n, combined, ownEvents)
 	}
 	checkLedger(t, api, before, 400)
 }
 
 // TestShapesAreBounded: a plugin whose lines have ever new shapes makes at
-// most combineAfter + maxShapes + 1 events per level and window.
+// most ownEvents + maxShapes + 1 events per level and window.
 func TestShapesAreBounded(t *testing.T) {
 	p, api, clk := newTestHarness(t, testConfig(all, 1000, 1000, 4096))
 	words := []string{"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november", "oscar"}
@@ -160,8 +160,8 @@ func TestShapesAreBounded(t *testing.T) {
 	for _, ev := range evs {
 		total += ev.Count
 	}
-	if len(evs) != combineAfter+maxShapes+1 || total != int32(n) {
-		t.Errorf("%d events with counts adding up to %d, want %d events and %d", len(evs), total, combineAfter+maxShapes+1, n)
+	if len(evs) != ownEvents+maxShapes+1 || total != int32(n) {
+		t.Errorf("%d events with counts adding up to %d, want %d events and %d", len(evs), total, ownEvents+maxShapes+1, n)
 	}
 }
 
