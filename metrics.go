@@ -76,6 +76,13 @@ var (
 		Help:      "Counter of error answers of the Kubernetes API that are part of the normal course, by HTTP status code and outcome (gone: a patch found the event expired, and it is created anew; name_taken: a create found its name in use, and takes another; exists: a retried create found the event its unanswered first try made).",
 	}, []string{"code", "outcome"})
 
+	apiWarnings = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "api_warnings_total",
+		Help:      "Counter of warnings the Kubernetes API sent back with its answers (Warning headers, from admission policies and webhooks), by verb (create, patch, list, get); they are counted, never logged.",
+	}, []string{"verb"})
+
 	endedTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,

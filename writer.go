@@ -98,7 +98,7 @@ func do(ctx context.Context, client kubernetes.Interface, r request) result {
 		req = rc.Get().Namespace(r.namespace).Resource("pods").Name(r.name)
 		into = &pod
 	}
-	reached, err := send(ctx, req, into)
+	reached, err := send(ctx, req.WarningHandler(warningCounter{r.verb}), into)
 	if err == nil && r.verb == verbListPod {
 		if len(list.Items) == 0 {
 			err = apierrors.NewNotFound(corev1.Resource("pods"), r.name)
@@ -132,6 +132,20 @@ func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached 
 		err = res.Error()
 	}
 	return wrote.Load(), err
+}
+
+// warningCounter counts the warnings the API server sends back with an
+// answer (a ValidatingAdmissionPolicy in Warn mode, an admission webhook).
+// client-go's default handler would log them through klog, which CoreDNS's
+// kubernetes plugin routes into a plugin logger: each warning would become
+// an event whose write is warned about again. It is set on every request,
+// never as the process-wide default, which is the other plugins' own.
+type warningCounter struct{ verb verb }
+
+func (w warningCounter) HandleWarningHeader(code int, _, message string) {
+	if code == 299 && message != "" {
+		apiWarnings.WithLabelValues(w.verb.String()).Inc()
+	}
 }
 
 // classify sorts the answer to one request.

@@ -12,7 +12,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func statusError(code int) error {
@@ -132,6 +138,56 @@ func TestRequestsLogNowhere(t *testing.T) {
 	p, _, _ := newTestPipeline(t, testConfig(all, 1, 1, 1))
 	if sink := klog.FromContext(p.ctx).GetSink(); sink != nil {
 		t.Errorf("requests log through %T", sink)
+	}
+}
+
+// TestAPIWarningsAreCountedNeverLogged: warnings the API server sends back
+// with its answers are counted by verb and reach no logger, not even klog,
+// which CoreDNS's kubernetes plugin routes into its own plugin logger: a
+// warning logged there would become an event whose write is warned about
+// again.
+func TestAPIWarningsAreCountedNeverLogged(t *testing.T) {
+	logged := captureLog(t)
+	var klogged logCapture
+	klog.SetLogger(funcr.New(func(prefix, args string) { fmt.Fprintln(&klogged, prefix, args) }, funcr.Options{}))
+	t.Cleanup(klog.ClearLogger)
+
+	clk := clocktesting.NewFakeClock(epoch)
+	api := newFakeAPI(t, clk)
+	api.addPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: testRef.Name, Namespace: testRef.Namespace, UID: testRef.UID}})
+	client, err := kubernetes.NewForConfig(&rest.Config{
+		Host: api.srv.URL,
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripper(func(req *http.Request) (*http.Response, error) {
+				res, err := rt.RoundTrip(req)
+				if err == nil {
+					res.Header.Add("Warning", `299 - "events in this namespace are audited"`)
+				}
+				return res, err
+			})
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := writeSpec{key: errorKey("x"), message: "plugin/errors: x", count: 1, first: clk.Now(), last: clk.Now()}
+	ns := testRef.Namespace
+	for _, r := range []request{
+		{id: 1, verb: verbCreate, namespace: ns, event: newEvent(testRef, testNode, ns, "ev-1", spec)},
+		{id: 2, verb: verbPatch, namespace: ns, name: "ev-1", patch: countPatch(spec)},
+		{id: 3, verb: verbListPod, namespace: ns, name: testRef.Name},
+		{id: 4, verb: verbGetPod, namespace: ns, name: testRef.Name},
+	} {
+		before := testutil.ToFloat64(apiWarnings.WithLabelValues(r.verb.String()))
+		if res := do(context.Background(), client, r); res.err != nil {
+			t.Fatalf("%v: %v", r.verb, res.err)
+		}
+		if d := testutil.ToFloat64(apiWarnings.WithLabelValues(r.verb.String())) - before; d != 1 {
+			t.Errorf("%v: api_warnings_total moved by %v, want 1", r.verb, d)
+		}
+	}
+	if out := klogged.String() + logged.String(); out != "" {
+		t.Errorf("warnings were logged:\n%s", out)
 	}
 }
 
