@@ -107,14 +107,6 @@ func TestAddPluginsRefuses(t *testing.T) {
 	}
 }
 
-func TestDiff(t *testing.T) {
-	got := Diff("a\nb\nc\n", "a\nx\nc\nd\n")
-	want := "  a\n+ x\n- b\n  c\n+ d\n"
-	if got != want {
-		t.Errorf("got\n%s\nwant\n%s", got, want)
-	}
-}
-
 // An install changes only what k8s_event needs and keeps every other line
 // of the Corefile: a quoted argument with a space must stay one argument.
 func TestAddPluginsKeepsQuotedArgs(t *testing.T) {

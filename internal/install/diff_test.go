@@ -96,3 +96,11 @@ func TestDiffLargeCorefileMemory(t *testing.T) {
 		t.Errorf("the diff lacks the added line")
 	}
 }
+
+func TestDiff(t *testing.T) {
+	got := Diff("a\nb\nc\n", "a\nx\nc\nd\n")
+	want := "  a\n+ x\n- b\n  c\n+ d\n"
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}

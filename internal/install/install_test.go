@@ -219,56 +219,6 @@ func TestReinstallAfterReset(t *testing.T) {
 	}
 }
 
-func TestFindErrors(t *testing.T) {
-	ctx := context.Background()
-	other := deployment()
-	other.Name = "coredns-two"
-	for _, tc := range []struct {
-		name    string
-		objs    []any
-		o       Options
-		wantErr string
-	}{
-		{"none", nil, Options{Image: image}, `no Deployment labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns in namespace "kube-system": name it with --deployment (and --namespace)`},
-		{"two", []any{deployment(), other}, Options{Image: image}, `namespace "kube-system" has 2 CoreDNS Deployments (coredns, coredns-two): name one with --deployment`},
-		{"container", []any{deployment(), configMap()}, Options{Image: image, Container: "dns"}, `deployment kube-system/coredns: --container "dns": not among its containers [coredns]`},
-		{"image", []any{deployment(), configMap()}, Options{}, "--image: not given: deployment kube-system/coredns runs CoreDNS 1.13.1 (image registry.k8s.io/coredns/coredns:v1.13.1); name the image of k8s_event on that release (make image COREDNS_VERSION=1.13.1 builds it, and prints its reference)"},
-		{"level", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"level info warn"}}, `--option "level info warn": level must be one of debug, info, warning, error, fatal: "warn"`},
-		{"property", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"levels info"}}, `--option "levels info": unknown property "levels"`},
-		{"twice", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"level info", "level error"}}, `--option "level error": level given twice`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := fake.NewClientset()
-			for _, o := range tc.objs {
-				switch o := o.(type) {
-				case *appsv1.Deployment:
-					_, _ = c.AppsV1().Deployments(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-				case *corev1.ConfigMap:
-					_, _ = c.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-				}
-			}
-			err := Install(ctx, c, tc.o)
-			if err == nil || err.Error() != tc.wantErr {
-				t.Errorf("got %v\nwant %s", err, tc.wantErr)
-			}
-		})
-	}
-}
-
-func TestConfPath(t *testing.T) {
-	for in, want := range map[string]string{
-		"-conf /etc/coredns/Corefile": "/etc/coredns/Corefile",
-		"-conf=/etc/coredns/Corefile": "/etc/coredns/Corefile",
-		"--conf /x/Corefile":          "/x/Corefile",
-		"-dns.port 53":                "",
-		"-conf":                       "",
-	} {
-		if got := confPath(strings.Fields(in)); got != want {
-			t.Errorf("confPath(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // Bad input gets a clear error naming the option and the value, before
 // any pod rolls: a rate whose QPS is not a number would keep CoreDNS from
 // starting.
@@ -351,4 +301,9 @@ func TestInstallTwiceAndAfterUninstall(t *testing.T) {
 	if specJSON(get(t, c)) != first {
 		t.Errorf("install after uninstall differs from the first")
 	}
+}
+
+func withForce(o Options) Options {
+	o.Force = true
+	return o
 }

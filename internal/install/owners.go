@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -97,4 +98,30 @@ func ownsField(raw []byte, path ...string) bool {
 		}
 	}
 	return false
+}
+
+// changedBy names who last set the fields install sets, other than install.
+func changedBy(d *appsv1.Deployment, t *target) string {
+	spec := &d.Spec.Template.Spec
+	if t.container >= len(spec.Containers) {
+		return ""
+	}
+	ctr := spec.Containers[t.container].Name
+	var who []string
+	for _, m := range d.ManagedFields {
+		if m.Manager == FieldManager || m.FieldsV1 == nil {
+			continue
+		}
+		if ownsField(m.FieldsV1.Raw, "f:spec", "f:template", "f:spec", "f:containers", fmt.Sprintf(`k:{"name":%q}`, ctr), "f:image") {
+			w := fmt.Sprintf("field manager %q (%s", m.Manager, m.Operation)
+			if m.Time != nil {
+				w += " at " + m.Time.UTC().Format(time.RFC3339)
+			}
+			who = append(who, w+")")
+		}
+	}
+	if len(who) == 0 {
+		return ""
+	}
+	return ", by " + strings.Join(who, " or ")
 }

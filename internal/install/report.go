@@ -1,11 +1,7 @@
 package install
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"slices"
 	"strings"
 )
 
@@ -69,70 +65,6 @@ func (e *RefusedError) Error() string {
 func IsRefused(err error) bool {
 	var r *RefusedError
 	return errors.As(err, &r)
-}
-
-// run is one install or uninstall: its options and what it reports.
-type run struct {
-	o   *Options
-	res Result
-	// created are the deletes that take back what the run created, for
-	// a rollout that fails and is put back.
-	created []func(context.Context) error
-	// done are the writes made, kept in the report when a conflict
-	// starts the run over.
-	done []Change
-}
-
-// restart begins the report again for another attempt after a conflict:
-// with the writes already made.
-func (r *run) restart() {
-	r.res.Changes, r.res.Warnings = slices.Clone(r.done), nil
-}
-
-func newRun(o *Options, command string) *run {
-	return &run{o: o, res: Result{Command: command, DryRun: o.DryRun, Changes: []Change{}}}
-}
-
-// printf writes text output; with JSON, nothing.
-func (r *run) printf(format string, args ...any) {
-	if r.o.Out != nil && !r.o.JSON {
-		fmt.Fprintf(r.o.Out, format, args...)
-	}
-}
-
-// change records a write and prints line, then the detail indented.
-func (r *run) change(ch Change, line string) {
-	if ch.Action == "keep" && slices.ContainsFunc(r.done, func(d Change) bool { return d.Kind == ch.Kind && d.Name == ch.Name }) {
-		return // made by an earlier attempt of this run, and listed so
-	}
-	r.res.Changes = append(r.res.Changes, ch)
-	if ch.Detail != "" && strings.Contains(ch.Detail, "\n") {
-		r.printf("%s:\n%s", line, indent(ch.Detail))
-		return
-	}
-	if ch.Detail != "" {
-		r.printf("%s: %s\n", line, ch.Detail)
-		return
-	}
-	r.printf("%s\n", line)
-}
-
-func (r *run) warn(msg string) {
-	r.res.Warnings = append(r.res.Warnings, msg)
-	r.printf("warning: %s\n", msg)
-}
-
-// finish writes the JSON result and returns err.
-func (r *run) finish(err error) error {
-	if err != nil {
-		r.res.Error = err.Error()
-		r.res.Refused = IsRefused(err)
-	}
-	if r.o.JSON && r.o.Out != nil {
-		b, _ := json.MarshalIndent(r.res, "", "  ")
-		fmt.Fprintf(r.o.Out, "%s\n", b)
-	}
-	return err
 }
 
 func indent(s string) string {

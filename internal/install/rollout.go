@@ -3,6 +3,7 @@ package install
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -303,4 +304,98 @@ func (r *run) prune(ctx context.Context, c kubernetes.Interface, ns, name, keep 
 		}
 	}
 	return nil
+}
+
+// rollout waits for the rollout the run started and checks it; on failure
+// it puts back the Deployment's template and strategy as before had them,
+// or says the commands that do. Then it puts back the operator's strategy,
+// gives up the fields it set, and deletes the Corefile ConfigMaps nothing
+// reads any more. gen, when not nil, is the ConfigMap the Deployment must
+// read.
+func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, verify func(*appsv1.Deployment) error, gen *corev1.ConfigMap) error {
+	o := r.o
+	ns, name := before.Namespace, before.Name
+	undo := fmt.Sprintf("kubectl -n %s rollout undo deployment/%s", ns, name)
+	if tmp != nil {
+		undo += "\n" + strategyCommand(ns, name, before.Spec.Strategy)
+	}
+	// What follows runs to its end even when the run is interrupted: an
+	// interrupted rollout is put back.
+	after := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), min(o.Wait, 2*time.Minute)+30*time.Second)
+	}
+	if o.Wait > 0 {
+		now, err := waitRollout(ctx, c, ns, name, o.Wait)
+		if err == nil {
+			err = verify(now)
+			if err != nil {
+				// Someone else's template is rolling: leave it, but give
+				// back the operator's strategy.
+				if tmp != nil {
+					bctx, cancel := after()
+					defer cancel()
+					if serr := setStrategy(bctx, c, ns, name, before.Spec.Strategy); serr != nil {
+						r.res.Undo = strategyCommand(ns, name, before.Spec.Strategy)
+						return fmt.Errorf("%w; putting back the strategy failed (%v): run\n  %s", err, serr, r.res.Undo)
+					}
+				}
+				return err
+			}
+		} else {
+			bctx, cancel := after()
+			defer cancel()
+			r.printf("%v\nputting back deployment %s/%s as it was\n", err, ns, name)
+			perr := putBack(bctx, c, before, min(o.Wait, 2*time.Minute))
+			var serr error
+			if tmp != nil {
+				serr = setStrategy(bctx, c, ns, name, before.Spec.Strategy)
+			}
+			if perr != nil || serr != nil {
+				r.res.Undo = undo
+				return fmt.Errorf("%w; putting it back failed too (%v): run\n  %s", err, errors.Join(perr, serr), strings.ReplaceAll(undo, "\n", "\n  "))
+			}
+			// What the run created for the pods that did not start goes too.
+			r.takeBack(bctx)
+			return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy)", err, ns, name)
+		}
+	}
+	bctx, cancel := after()
+	defer cancel()
+	if tmp != nil {
+		if err := setStrategy(bctx, c, ns, name, before.Spec.Strategy); err != nil {
+			r.res.Undo = strategyCommand(ns, name, before.Spec.Strategy)
+			return fmt.Errorf("the rollout is done, but putting back the strategy failed (%v): run\n  %s", err, r.res.Undo)
+		}
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "strategy back to " + strategyString(before.Spec.Strategy)}, fmt.Sprintf("patch deployment %s/%s", ns, name))
+	}
+	if err := releaseFields(bctx, c, ns, name); err != nil {
+		return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", ns, name, err)
+	}
+	keep := ""
+	if gen != nil {
+		keep = gen.Name
+	}
+	if err := r.prune(bctx, c, ns, name, keep); err != nil {
+		return err
+	}
+	if gen != nil {
+		// Whatever ran meanwhile, the Corefile the Deployment reads is there.
+		if _, err := c.CoreV1().ConfigMaps(ns).Get(bctx, gen.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "it was gone"}, "create configmap "+ns+"/"+gen.Name)
+			if _, err := c.CoreV1().ConfigMaps(ns).Create(bctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+		}
+	}
+	if o.Wait > 0 {
+		r.printf("deployment %s/%s rolled out\n", ns, name)
+	}
+	return nil
+}
+
+func ptrOr(p *int32, v int32) int32 {
+	if p == nil {
+		return v
+	}
+	return *p
 }

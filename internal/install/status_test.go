@@ -1,6 +1,7 @@
 package install
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -119,4 +121,15 @@ func TestStatusReportsARolloutWhoseNewPodsNeverStart(t *testing.T) {
 	if healthy {
 		t.Errorf("status finds no problem (exit 0) though no pod runs what install set:\n%s", text)
 	}
+}
+
+// statusText is status's text, and whether it found nothing wrong.
+func statusText(t *testing.T, c kubernetes.Interface) (string, bool) {
+	t.Helper()
+	var out bytes.Buffer
+	s, err := Status(context.Background(), c, Options{Out: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), s.Healthy()
 }

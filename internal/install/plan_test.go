@@ -50,48 +50,6 @@ func keysOf(m map[string]string) []string {
 	return k
 }
 
-// The dry run says the prune the real run makes.
-func TestInstallDryRunSaysThePrune(t *testing.T) {
-	ctx := context.Background()
-	stale := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "coredns-k8s-event-0123456789", Namespace: "kube-system",
-		Labels: map[string]string{DeploymentLabel: "coredns", "app.kubernetes.io/managed-by": FieldManager}}}
-	c := fake.NewClientset(deployment(), configMap(), stale)
-	var out bytes.Buffer
-	if err := Install(ctx, c, Options{Image: image, DryRun: true, Out: &out}); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out.String(), "delete configmap kube-system/coredns-k8s-event-0123456789") {
-		t.Errorf("the dry run does not say the prune:\n%s", out.String())
-	}
-	out.Reset()
-	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out.String(), "delete configmap kube-system/coredns-k8s-event-0123456789") {
-		t.Errorf("the run does not prune:\n%s", out.String())
-	}
-}
-
-// When no container is named coredns and there are several, the error
-// says so and points at --container, which was not given.
-func TestInstallNamesTheContainersWhenNoneIsCoredns(t *testing.T) {
-	d := deployment()
-	d.Spec.Template.Spec.Containers[0].Name = "dns"
-	d.Spec.Template.Spec.Containers = append(d.Spec.Template.Spec.Containers, corev1.Container{Name: "sidecar", Image: "busybox"})
-	c := fake.NewClientset(d, configMap())
-	err := Install(context.Background(), c, Options{Image: image})
-	want := "deployment kube-system/coredns: none of its containers [dns sidecar] is named coredns: name the CoreDNS one with --container"
-	if err == nil || err.Error() != want {
-		t.Errorf("got %v\nwant %s", err, want)
-	}
-	if err := Install(context.Background(), c, Options{Image: image, Container: "dns"}); err != nil {
-		t.Errorf("--container dns: %v", err)
-	}
-	if got := get(t, c).Spec.Template.Spec.Containers; got[0].Image != image || got[1].Image != "busybox" {
-		t.Errorf("images %s, %s", got[0].Image, got[1].Image)
-	}
-}
-
 // A ConfigMap of the name install would write that is not its own, or
 // whose content was edited, is refused: the pods would read it.
 func TestInstallRefusesAConfigMapOfItsNameThatIsNotItsOwn(t *testing.T) {

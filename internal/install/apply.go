@@ -1,0 +1,97 @@
+package install
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// applyInstall makes the changes up to the Deployment's patch, or with
+// DryRun says them.
+func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *installPlan) error {
+	o, d, gen := r.o, p.d, p.gen
+	ns := d.Namespace
+	if o.DryRun {
+		r.printf("# dry run: nothing is changed\n")
+	}
+	r.printf("deployment %s/%s: image %s -> %s (CoreDNS %s -> %s)\n", ns, d.Name, r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
+	r.printf("configmap keys the pods read:\n%s", indent(strings.Join(r.res.Keys, "\n")))
+	r.printf("rollout: %s\n", r.res.Rollout)
+	if p.genThere {
+		r.change(Change{Action: "keep", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "there already"}, "configmap "+ns+"/"+gen.Name+" is there")
+	} else {
+		src := d.Spec.Template.Spec.Volumes[p.t.volume].ConfigMap.Name
+		if p.t.rec != nil && src == p.t.rec.ConfigMap {
+			src = p.t.rec.Original.Volume.ConfigMap.Name
+		}
+		r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: Diff(r.sourceText(ctx, c, ns, src, p.t.key), gen.Data[p.t.key])},
+			fmt.Sprintf("create configmap %s/%s, the Corefile of %s with kubeapi and k8s_event", ns, gen.Name, src))
+		if !o.DryRun {
+			switch _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); {
+			case err == nil:
+				r.done = append(r.done, r.res.Changes[len(r.res.Changes)-1])
+				r.created = append(r.created, func(ctx context.Context) error {
+					// Unless the Deployment reads it all the same (a patch
+					// that went through, its answer lost).
+					now, err := c.AppsV1().Deployments(ns).Get(ctx, d.Name, metav1.GetOptions{})
+					if err != nil || slices.ContainsFunc(now.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+						return v.ConfigMap != nil && v.ConfigMap.Name == gen.Name
+					}) {
+						return err
+					}
+					return c.CoreV1().ConfigMaps(ns).Delete(ctx, gen.Name, metav1.DeleteOptions{})
+				})
+			case !apierrors.IsAlreadyExists(err):
+				return fmt.Errorf("create configmap %s/%s: %w", ns, gen.Name, err)
+			}
+		}
+	}
+	for _, s := range p.rbac {
+		r.change(s.change, s.line)
+		if !o.DryRun && s.do != nil {
+			if err := s.do(ctx); err != nil {
+				return fmt.Errorf("%s: %w", s.line, err)
+			}
+			r.done = append(r.done, s.change)
+			if s.undo != nil {
+				r.created = append(r.created, s.undo)
+			}
+		}
+	}
+	if p.patch == nil {
+		r.change(Change{Action: "keep", Kind: "deployment", Name: ns + "/" + d.Name, Detail: "has k8s_event already"}, fmt.Sprintf("deployment %s/%s has k8s_event already", ns, d.Name))
+	} else {
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: string(p.patch.display)}, fmt.Sprintf("patch deployment %s/%s", ns, d.Name))
+		if !o.DryRun {
+			if _, err := c.AppsV1().Deployments(ns).Patch(ctx, d.Name, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+				return fmt.Errorf("patch deployment %s/%s: %w", ns, d.Name, err)
+			}
+		}
+		if p.strategy != nil && o.DryRun {
+			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, When: "after the rollout", Detail: "strategy back to " + strategyString(d.Spec.Strategy)},
+				fmt.Sprintf("after the rollout, patch deployment %s/%s", ns, d.Name))
+		}
+	}
+	if o.DryRun {
+		for _, cm := range p.prunes {
+			r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: "after the rollout", Detail: "no revision of deployment " + d.Name + " reads it"}, "after the rollout, delete configmap "+ns+"/"+cm)
+		}
+	}
+	return nil
+}
+
+// sourceText is the Corefile of the operator's ConfigMap, for the diff.
+func (r *run) sourceText(ctx context.Context, c kubernetes.Interface, ns, name, key string) string {
+	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	return cm.Data[key]
+}

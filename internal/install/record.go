@@ -1,0 +1,97 @@
+package install
+
+import (
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+)
+
+// Env is what k8s_event reads from the downward API.
+var Env = []corev1.EnvVar{
+	fieldEnv("COREDNS_POD_NAME", "metadata.name"),
+	fieldEnv("COREDNS_NAMESPACE", "metadata.namespace"),
+	fieldEnv("COREDNS_POD_UID", "metadata.uid"),
+	fieldEnv("COREDNS_NODE_NAME", "spec.nodeName"),
+}
+
+func fieldEnv(name, field string) corev1.EnvVar {
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: field}}}
+}
+
+func isOurEnv(name string) bool {
+	return slices.ContainsFunc(Env, func(e corev1.EnvVar) bool { return e.Name == name })
+}
+
+// record is the value of Annotation: what the install set, and what was
+// there before.
+type record struct {
+	// Image, ConfigMap are what the install set.
+	Image     string `json:"image"`
+	ConfigMap string `json:"configMap"`
+	// Source is a hash of the operator's ConfigMap (its data and
+	// binaryData) that ConfigMap was made from: status tells when it
+	// changed since.
+	Source string `json:"source,omitempty"`
+	// Original is what they replaced.
+	Original original `json:"original"`
+}
+
+type original struct {
+	Image  string          `json:"image"`
+	Env    []corev1.EnvVar `json:"env,omitempty"`
+	Volume corev1.Volume   `json:"volume"`
+}
+
+// current returns what the template has now in the fields the install
+// sets, with what k8s_event added taken out: what an install records as
+// the original, and what an uninstall gives back. Fields that something
+// else has set since the install (kubeadm, a helm upgrade) are kept as
+// they are now.
+func (t *target) current() original {
+	spec := &t.dep.Spec.Template.Spec
+	c := spec.Containers[t.container]
+	o := original{Image: c.Image, Volume: *spec.Volumes[t.volume].DeepCopy()}
+	r := t.rec
+	if r != nil && c.Image == r.Image {
+		o.Image = r.Original.Image
+	}
+	if r != nil && o.Volume.ConfigMap.Name == r.ConfigMap {
+		// The install changed only the ConfigMap's name: give that back,
+		// and keep what was changed since (an item the operator added).
+		o.Volume.ConfigMap.Name = r.Original.Volume.ConfigMap.Name
+	}
+	if r == nil {
+		// Not installed: the environment is the original, whole and in
+		// order, even where it sets one of the four names itself.
+		o.Env = slices.Clone(c.Env)
+		return o
+	}
+	live := notOurs(c.Env)
+	if equality.Semantic.DeepEqual(live, notOurs(r.Original.Env)) {
+		// Nobody changed the rest since the install: give it all back as
+		// it was, in its order.
+		o.Env = slices.Clone(r.Original.Env)
+		return o
+	}
+	// The rest was changed since: keep it as it is now, and bring back
+	// the variables of the four names that were there before.
+	o.Env = live
+	for _, e := range r.Original.Env {
+		if isOurEnv(e.Name) {
+			o.Env = append(o.Env, e)
+		}
+	}
+	return o
+}
+
+// notOurs is env without the variables k8s_event sets.
+func notOurs(env []corev1.EnvVar) []corev1.EnvVar {
+	var out []corev1.EnvVar
+	for _, e := range env {
+		if !isOurEnv(e.Name) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
