@@ -3,8 +3,6 @@ package k8s_event
 import (
 	"strings"
 	"time"
-
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 const (
@@ -66,7 +64,8 @@ type entry struct {
 	deferred bool   // found its bucket empty since its latest request
 	evicted  bool
 
-	end *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
+	end   *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
+	links          // its place in the cache (cache.go)
 }
 
 type windowKey struct {
@@ -98,33 +97,34 @@ func (w *window) spend(at time.Time) {
 	w.next = (w.next + 1) % budget
 }
 
-// correlator folds lines into entries: repeats counted, storms combined by shape, the least
-// recently seen evicted beyond the cache size. Owned by the scheduler's goroutine.
+// correlator folds lines into entries: repeats counted, storms combined by shape, those whose
+// loss costs the least evicted beyond the cache size (cache.go). Owned by the scheduler's
+// goroutine.
 type correlator struct {
-	cache   *simplelru.LRU[eventKey, *entry]
+	cache   *cache
 	windows map[windowKey]*window
 	seq     uint64
 }
 
 // newCorrelator keeps size entries; evicted is told of each that leaves.
 func newCorrelator(size int, evicted func(*entry)) *correlator {
-	cache, _ := simplelru.NewLRU(size, func(_ eventKey, e *entry) { evicted(e) })
-	return &correlator{cache: cache, windows: map[windowKey]*window{}}
+	return &correlator{cache: newCache(size, evicted), windows: map[windowKey]*window{}}
 }
 
 // observe folds one line into its entry and returns the entry.
 func (c *correlator) observe(ln line) *entry {
 	msg := eventMessage(ln.text)
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
-	e, ok := c.cache.Get(key)
+	e, ok := c.cache.get(key)
 	if !ok {
 		key, e, ok = c.budgeted(key, ln)
 	}
 	if !ok {
 		e = &entry{key: key, first: ln.at}
-		c.cache.Add(key, e)
+		c.cache.add(e)
 	}
 	e.see()
+	c.cache.place(e, true)
 	c.seq++
 	e.seq = c.seq
 	e.message = msg
@@ -152,7 +152,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool) {
 	aggregated[ln.level].Inc()
 	// The budget is of one plugin: its prefix is no part of the shape.
 	key.message, key.shape = "", shapeHash(strings.TrimPrefix(key.message, ln.plugin))
-	if e, ok := c.cache.Get(key); ok {
+	if e, ok := c.cache.get(key); ok {
 		return key, e, true
 	}
 	if spent < ownEvents+maxShapes {
@@ -160,7 +160,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool) {
 		return key, nil, false
 	}
 	key.shape = otherShapes
-	e, ok := c.cache.Get(key)
+	e, ok := c.cache.get(key)
 	if !ok { // the budget is spent only when the cache let this event go
 		w.spend(ln.at)
 	}
@@ -189,7 +189,10 @@ func (c *correlator) window(wk windowKey, at time.Time) *window {
 	return w
 }
 
-// resize keeps at most size entries, evicting the least recently seen.
-func (c *correlator) resize(size int) { c.cache.Resize(size) }
+// resize keeps at most size entries.
+func (c *correlator) resize(size int) { c.cache.resize(size) }
 
-func (c *correlator) len() int { return c.cache.Len() }
+func (c *correlator) len() int { return len(c.cache.entries) }
+
+// place files e anew in the cache once a write of it is back.
+func (c *correlator) place(e *entry) { c.cache.place(e, false) }

@@ -8,7 +8,6 @@ require (
 	github.com/coredns/corefile-migration v1.0.29
 	github.com/coredns/kubeapi v0.0.0-20220204142012-e4e9337f0a0d
 	github.com/go-logr/logr v1.4.2
-	github.com/hashicorp/golang-lru/v2 v2.0.3
 	github.com/miekg/dns v1.1.62
 	github.com/prometheus/client_golang v1.20.5
 	golang.org/x/term v0.26.0

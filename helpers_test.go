@@ -235,7 +235,7 @@ func (h *harness) fatal(ln line) {
 
 // entry returns the cached entry of key, or nil.
 func (h *harness) entry(key eventKey) *entry {
-	e, _ := h.s.corr.cache.Peek(key)
+	e, _ := h.s.corr.cache.get(key)
 	return e
 }
 

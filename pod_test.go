@@ -204,7 +204,7 @@ func TestPodReadRetriedWithBackoff(t *testing.T) {
 	if n := len(podReads(api)); n < 10 || n > 16 {
 		t.Errorf("%d pod reads in ten minutes of 503, want about 15: a backoff from 1 s to 1 min", n)
 	}
-	for _, e := range h.s.corr.cache.Values() {
+	for _, e := range h.s.corr.cache.values() {
 		if e.failures > 0 || !e.retryAt.IsZero() {
 			t.Errorf("event %q booked %d failures of its own while the read was failing", e.message, e.failures)
 		}

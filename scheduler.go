@@ -107,7 +107,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 	s.set = set
 	s.corr.resize(set.cacheSize)
 	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
-		for _, e := range s.corr.cache.Values() {
+		for _, e := range s.corr.cache.values() {
 			if _, ok := quietAt(e, set.quiet); ok {
 				s.active[e] = struct{}{}
 			}
@@ -160,7 +160,7 @@ func (s *scheduler) finished(reqs []request, wake time.Time) bool {
 
 // dropRemaining drops what the flush left, with cause shutdown.
 func (s *scheduler) dropRemaining() {
-	for _, e := range s.corr.cache.Values() {
+	for _, e := range s.corr.cache.values() {
 		s.drop(e, dropShutdown)
 	}
 	for e := range s.active {
@@ -390,6 +390,7 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	default:
 		f.e.inflight = 0
 		s.linesDone(f.e, f, res, now)
+		s.corr.place(f.e)
 		s.retire(f.e)
 	}
 }

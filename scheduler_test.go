@@ -737,7 +737,7 @@ func TestDoubtOfDroppedLines(t *testing.T) {
 // test ends.
 func seeUnlogged(t *testing.T, h *harness, before ledger, n int64) {
 	t.Helper()
-	for _, e := range h.s.corr.cache.Values() {
+	for _, e := range h.s.corr.cache.values() {
 		e.seen += n
 	}
 	pendingLines.Add(float64(n))
