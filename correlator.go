@@ -38,7 +38,10 @@ type entry struct {
 	tally
 	message     string // latest line; a combined event adds combinedPrefix when written
 	first, last time.Time
-	seq         uint64 // of its latest line: the least recently seen goes first
+	// stamped is the latest wall time of its lines, without a monotonic
+	// reading: the lastTimestamp written (laterOnWall).
+	stamped time.Time
+	seq     uint64 // of its latest line: the least recently seen goes first
 
 	name       string // the Event object's name once created
 	tried      string // the name of a create that reached the API and got no answer
@@ -129,11 +132,12 @@ func (c *correlator) observe(ln line) *entry {
 	e.seq = c.seq
 	e.message = msg
 	if e.first.IsZero() { // a storm that came back after its end
-		e.first = ln.at
+		e.first, e.stamped = ln.at, time.Time{}
 	}
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
+	e.stamped = laterOnWall(e.stamped, ln.at)
 	return e
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -174,4 +175,47 @@ func TestPausesDoNotRestartTheBudget(t *testing.T) {
 	if len(made) < 2*ownEvents {
 		t.Errorf("%d new events in 5 hours: the budget did not come back", len(made))
 	}
+}
+
+// TestEventTimesNeverRunBackOnTheWallClock: after the wall clock steps
+// back (NTP, a VM resumed), line times carry a monotonic reading that
+// still moves on; the event's lastTimestamp never moves back on the wall
+// clock, nor before its firstTimestamp.
+func TestEventTimesNeverRunBackOnTheWallClock(t *testing.T) {
+	h, api, _ := newTestHarness(t, testConfig(all, 100, 100, 64))
+	now := time.Now()
+	toEpoch := epoch.Sub(now.Round(0))
+	for _, step := range []struct {
+		elapsed, wall time.Duration // since the first line: on the monotonic clock, on the wall clock
+		first, last   time.Time     // of the event written after it
+	}{
+		{0, 0, epoch, epoch},
+		{time.Second, -time.Hour + time.Second, epoch, epoch}, // the wall clock stepped back an hour
+		{2 * time.Second, time.Minute, epoch, epoch.Add(time.Minute)},
+	} {
+		at := afterStep(now, step.elapsed, toEpoch+step.wall-step.elapsed)
+		h.observe(ln(levelError, "errors", "stepped", at))
+		drain(h)
+		ev := only(t, events(t, api))
+		if !ev.FirstTimestamp.Time.Equal(step.first) || !ev.LastTimestamp.Time.Equal(step.last) {
+			t.Errorf("after a line at %v on the wall clock: first %v, last %v; want %v, %v",
+				at.Round(0), ev.FirstTimestamp.UTC(), ev.LastTimestamp.UTC(), step.first, step.last)
+		}
+	}
+}
+
+// afterStep is what a clock reads elapsed after base, a time.Now reading,
+// when its wall clock was stepped by step in between: the monotonic reading
+// moves on by elapsed, the wall time by elapsed+step.
+func afterStep(base time.Time, elapsed, step time.Duration) time.Time {
+	type layout struct { // time.Time's: with a monotonic reading, ext holds it
+		wall uint64
+		ext  int64
+	}
+	t, mono := base.Add(elapsed+step), base.Add(elapsed)
+	(*layout)(unsafe.Pointer(&t)).ext = (*layout)(unsafe.Pointer(&mono)).ext
+	if t.Sub(mono) != 0 || t.Round(0).Sub(mono.Round(0)) != step {
+		panic("time.Time is laid out differently")
+	}
+	return t
 }

@@ -51,7 +51,7 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 // afresh: its next line starts a new object and a new count.
 func endOf(e *entry, now time.Time) *entry {
 	end := &entry{key: e.key, end: &endSpec{
-		message: endMessage(e.key.plugin, e.message, e.seen-e.storm, e.first, e.last),
+		message: endMessage(e.key.plugin, e.message, e.seen-e.storm, e.first, e.stamped),
 		at:      now,
 	}}
 	e.storm, e.stormWritten, e.first = e.seen, false, time.Time{}

@@ -137,6 +137,21 @@ func countPatch(s writeSpec) []byte {
 	return patch
 }
 
+// laterOnWall is the later of the wall times of stamped and at, without a
+// monotonic reading. Line times keep theirs, so that quiet and the windows
+// measure time that passed even when the wall clock is stepped (NTP, a VM
+// resumed); but with it, Go compares two times on the monotonic clock
+// alone, and after a step back the latest line has an earlier wall time:
+// lastTimestamp would move back, before firstTimestamp. The event's times
+// are wall times, and the latest of them never moves back.
+func laterOnWall(stamped, at time.Time) time.Time {
+	at = at.Round(0)
+	if at.After(stamped) {
+		return at
+	}
+	return stamped
+}
+
 func clampCount(n int64) int32 { return int32(min(max(n, 0), math.MaxInt32)) }
 
 // eventNames hands out names in client-go's form, <object>.<hex time>,
