@@ -143,3 +143,17 @@ func confPath(args []string) string {
 	}
 	return ""
 }
+
+// discover finds the Deployment that the options name and inspects it.
+func (r *run) discover(ctx context.Context, c kubernetes.Interface) (*target, error) {
+	d, err := findDeployment(ctx, c, r.o)
+	if err != nil {
+		return nil, err
+	}
+	t, err := inspect(d, r.o)
+	if err != nil {
+		return nil, err
+	}
+	r.res.Deployment = d.Namespace + "/" + d.Name
+	return t, nil
+}

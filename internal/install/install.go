@@ -8,6 +8,13 @@
 // uninstalling gives back exactly that, and so that the record travels
 // with the template through `kubectl rollout undo` and tools that rewrite
 // the Deployment.
+//
+// A run goes through phases, one a file: discover.go finds the Deployment
+// and inspects it into a target; plan.go works out the ConfigMap, the
+// template, the rollout strategy and the RBAC, and refuses what must not
+// be done; apply.go makes the writes; rollout.go waits for the rollout and
+// puts back one that fails; report.go is what the run tells. run.go holds
+// the run itself, record.go what the install set and what it replaced.
 package install
 
 import (

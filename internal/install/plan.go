@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 
@@ -64,80 +65,100 @@ type installPlan struct {
 // planInstall works out what the install changes, and refuses what it
 // must not do.
 func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*installPlan, error) {
-	o := r.o
-	d, err := findDeployment(ctx, c, o)
+	t, err := r.discover(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	t, err := inspect(d, o)
+	refuse := r.ownerRefusals(t)
+	orig := t.current()
+	more, err := r.checkRelease(t, orig.Image)
 	if err != nil {
 		return nil, err
 	}
-	ns := d.Namespace
-	r.res.Deployment = ns + "/" + d.Name
+	refuse = append(refuse, more...)
+	src, err := sourceConfigMap(ctx, c, t, orig)
+	if err != nil {
+		return nil, err
+	}
+	if err := otherInstall(t, src); err != nil {
+		return nil, err
+	}
+	refuse = append(refuse, r.extraKeyRefusals(src, orig)...)
+	p := &installPlan{d: t.dep, t: t}
+	if p.gen, err = r.planConfigMap(t, orig, src); err != nil {
+		return nil, err
+	}
+	want, err := r.planTemplate(p, orig, src)
+	if err != nil {
+		return nil, err
+	}
+	refuse = append(refuse, r.planStrategy(p, want)...)
+	if len(refuse) > 0 {
+		return nil, &RefusedError{refuse}
+	}
+	if err := r.planWrites(ctx, c, p, want); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// ownerRefusals are why the install must leave the Deployment alone:
+// another owner keeps it (with Force, a warning), or it is paused.
+func (r *run) ownerRefusals(t *target) []string {
+	d := t.dep
 	var refuse []string
-	if reasons := otherOwners(d, t); len(reasons) > 0 {
-		if !o.Force {
-			refuse = append(refuse, reasons...)
-		}
-		for _, why := range reasons {
-			if o.Force {
-				r.warn("--force: " + why)
-			}
+	for _, why := range otherOwners(d, t) {
+		if r.o.Force {
+			r.warn("--force: " + why)
+		} else {
+			refuse = append(refuse, why)
 		}
 	}
 	if d.Spec.Paused {
-		refuse = append(refuse, fmt.Sprintf("deployment %s/%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume deployment/%s first", ns, d.Name, ns, d.Name))
+		refuse = append(refuse, fmt.Sprintf("deployment %s/%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume deployment/%s first", d.Namespace, d.Name, d.Namespace, d.Name))
 	}
-	orig := t.current()
-	r.res.CoreDNSBefore = release(orig.Image)
-	if o.Image == "" {
-		return nil, fmt.Errorf("%w: deployment %s/%s runs %s; name the image of k8s_event on that release (%s)", ErrNoImage, ns, d.Name, releaseOf(orig.Image), buildHint(orig.Image))
-	}
-	r.res.CoreDNSAfter = release(o.Image)
-	if before, after := r.res.CoreDNSBefore, r.res.CoreDNSAfter; before != after || before == "unknown" {
-		why := fmt.Sprintf("image %s runs %s and deployment %s/%s %s: the install would change the CoreDNS release too (CoreDNS %s -> %s)", o.Image, releaseOf(o.Image), ns, d.Name, releaseOf(orig.Image), before, after)
-		if before != "unknown" && after != "unknown" && !o.Force {
-			refuse = append(refuse, why+"; name the image of k8s_event on the release it runs ("+buildHint(orig.Image)+"), or --force to change the release with it")
-		} else {
-			r.warn(why)
-		}
-	}
+	return refuse
+}
+
+// sourceConfigMap is the operator's ConfigMap that the Corefile comes from.
+func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, orig original) (*corev1.ConfigMap, error) {
+	ns := t.dep.Namespace
 	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, orig.Volume.ConfigMap.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("the Corefile's ConfigMap: %w", err)
 	}
-	text, ok := src.Data[t.key]
-	if !ok {
+	if _, ok := src.Data[t.key]; !ok {
 		return nil, fmt.Errorf("ConfigMap %s/%s has no key %q, which the Deployment reads as its Corefile", ns, src.Name, t.key)
 	}
-	ctr := d.Spec.Template.Spec.Containers[t.container]
-	if t.rec == nil && HasPlugins(text) && len(notOurs(ctr.Env)) == len(ctr.Env)-len(Env) {
-		return nil, &RefusedError{[]string{fmt.Sprintf("deployment %s/%s runs k8s_event already, set up by other means (its Corefile, configmap %s, has k8s_event and its container the downward-API variables; image %s): install would take that image for the stock one; change it where it was set up (for example the kustomize component deploy/k8s_event/component)", ns, d.Name, src.Name, ctr.Image)}}
+	return src, nil
+}
+
+// extraKeyRefusals are why a key of the operator's ConfigMap that another
+// controller keeps current must not be copied (with Force, a warning).
+func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
+	if _, ok := src.Data["NodeHosts"]; !ok || !mounts(orig.Volume, "NodeHosts") {
+		return nil
 	}
-	mounted := func(key string) bool {
-		items := orig.Volume.ConfigMap.Items
-		return len(items) == 0 || slices.ContainsFunc(items, func(it corev1.KeyToPath) bool { return it.Key == key })
+	why := fmt.Sprintf("ConfigMap %s/%s has the key NodeHosts, which k3s rewrites as nodes come and go: the pods would read a copy made now, which goes stale (status tells when it has)", src.Namespace, src.Name)
+	if r.o.Force {
+		r.warn("--force: " + why)
+		return nil
 	}
-	if _, ok := src.Data["NodeHosts"]; ok && mounted("NodeHosts") {
-		why := fmt.Sprintf("ConfigMap %s/%s has the key NodeHosts, which k3s rewrites as nodes come and go: the pods would read a copy made now, which goes stale (status tells when it has)", ns, src.Name)
-		if !o.Force {
-			refuse = append(refuse, why+"; on k3s, disable the packaged CoreDNS (--disable coredns) and run your own")
-		} else {
-			r.warn("--force: " + why)
-		}
-	}
-	corefile, _, err := AddPlugins(text, o.Options)
+	return []string{why + "; on k3s, disable the packaged CoreDNS (--disable coredns) and run your own"}
+}
+
+// planConfigMap is the ConfigMap the pods will read: the operator's, with
+// kubeapi and k8s_event in the Corefile, named by its content.
+func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+	d, ns := t.dep, t.dep.Namespace
+	corefile, _, err := AddPlugins(src.Data[t.key], r.o.Options)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
 	}
 	if err := CheckCorefile(corefile); err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: the Corefile made from it would not load: %w", ns, src.Name, t.key, err)
 	}
-	data := map[string]string{}
-	for k, v := range src.Data {
-		data[k] = v
-	}
+	data := maps.Clone(src.Data)
 	data[t.key] = corefile
 	var binary map[string][]byte
 	if len(src.BinaryData) > 0 {
@@ -153,31 +174,8 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 			return nil, fmt.Errorf("the volume %s lists key %q, which ConfigMap %s/%s has in neither data nor binaryData: the pods could not mount it", orig.Volume.Name, it.Key, ns, src.Name)
 		}
 	}
-	r.res.Keys = nil
-	keys := make([]string, 0, len(data)+len(binary))
-	for k := range data {
-		keys = append(keys, k)
-	}
-	for k := range binary {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		var what string
-		switch v, inData := data[k]; {
-		case k == t.key:
-			what = "the Corefile, with kubeapi and k8s_event"
-		case inData:
-			what = fmt.Sprintf("copied (%d bytes)", len(v))
-		default:
-			what = fmt.Sprintf("copied from binaryData (%d bytes)", len(binary[k]))
-		}
-		if !mounted(k) {
-			what += ", not mounted (the volume's items leave it out)"
-		}
-		r.res.Keys = append(r.res.Keys, k+": "+what)
-	}
-	gen := &corev1.ConfigMap{
+	r.res.Keys = describeKeys(t.key, orig.Volume, data, binary)
+	return &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      GeneratedName(src.Name, data, binary),
@@ -189,81 +187,120 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 		},
 		Data:       data,
 		BinaryData: binary,
-	}
+	}, nil
+}
 
-	rec := record{Image: o.Image, ConfigMap: gen.Name, Source: contentHash(src.Data, src.BinaryData), Original: orig}
+// describeKeys says, key by key, what the ConfigMap the pods read keeps
+// of the operator's.
+func describeKeys(corefileKey string, vol corev1.Volume, data map[string]string, binary map[string][]byte) []string {
+	keys := append(slices.Collect(maps.Keys(data)), slices.Collect(maps.Keys(binary))...)
+	slices.Sort(keys)
+	var out []string
+	for _, k := range keys {
+		var what string
+		switch v, inData := data[k]; {
+		case k == corefileKey:
+			what = "the Corefile, with kubeapi and k8s_event"
+		case inData:
+			what = fmt.Sprintf("copied (%d bytes)", len(v))
+		default:
+			what = fmt.Sprintf("copied from binaryData (%d bytes)", len(binary[k]))
+		}
+		if !mounts(vol, k) {
+			what += ", not mounted (the volume's items leave it out)"
+		}
+		out = append(out, k+": "+what)
+	}
+	return out
+}
+
+// mounts reports whether the ConfigMap volume vol puts key in the pods.
+func mounts(vol corev1.Volume, key string) bool {
+	items := vol.ConfigMap.Items
+	return len(items) == 0 || slices.ContainsFunc(items, func(it corev1.KeyToPath) bool { return it.Key == key })
+}
+
+// planTemplate is the Deployment with the install's image, variables,
+// ConfigMap and record in its pod template.
+func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap) (*appsv1.Deployment, error) {
+	d, t, o := p.d, p.t, r.o
+	rec := record{Image: o.Image, ConfigMap: p.gen.Name, Source: contentHash(src.Data, src.BinaryData), Original: orig}
 	ann, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
 	}
+	p.ann = string(ann)
 	want := d.DeepCopy()
 	tmpl := &want.Spec.Template
 	if tmpl.Annotations == nil {
 		tmpl.Annotations = map[string]string{}
 	}
-	tmpl.Annotations[Annotation] = string(ann)
+	tmpl.Annotations[Annotation] = p.ann
 	wc := &tmpl.Spec.Containers[t.container]
 	wc.Image = o.Image
-	wc.Env = nil
-	for _, e := range orig.Env {
-		if !isOurEnv(e.Name) {
-			wc.Env = append(wc.Env, e)
-		}
-	}
-	wc.Env = append(wc.Env, Env...)
+	wc.Env = append(notOurs(orig.Env), Env...)
 	vol := orig.Volume.DeepCopy()
-	vol.ConfigMap.Name = gen.Name
+	vol.ConfigMap.Name = p.gen.Name
 	tmpl.Spec.Volumes[t.volume] = *vol
+	r.res.ImageBefore, r.res.ImageAfter = d.Spec.Template.Spec.Containers[t.container].Image, o.Image
+	return want, nil
+}
 
-	p := &installPlan{d: d, t: t, gen: gen, ann: string(ann)}
-	r.res.ImageBefore, r.res.ImageAfter = ctr.Image, o.Image
+// planStrategy decides how the pods roll: with the Deployment's own
+// strategy, or a temporary one that keeps the Ready pods at their count.
+// It returns why the rollout must not start.
+func (r *run) planStrategy(p *installPlan, want *appsv1.Deployment) []string {
+	d, o := p.d, r.o
 	if equality.Semantic.DeepEqual(d.Spec.Template, want.Spec.Template) {
 		r.res.Rollout = "none: the Deployment has k8s_event already"
-	} else {
-		tmp, avail := safeRollout(d)
-		r.res.Rollout = avail
-		if tmp != nil && o.Wait <= 0 {
-			why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 install does not wait, so it could not put back a temporary strategy", avail)
-			if !o.Force {
-				refuse = append(refuse, why+": give a --timeout, or --force to roll with the Deployment's own strategy")
-			} else {
-				r.warn("--force: " + why)
-			}
-			tmp = nil
-			r.res.Rollout = "with the Deployment's own strategy (--force)"
-		}
-		if tmp != nil {
-			want.Spec.Strategy = *tmp
-			p.strategy = tmp
-		}
+		return nil
 	}
-	if len(refuse) > 0 {
-		return nil, &RefusedError{refuse}
+	tmp, avail := safeRollout(d)
+	r.res.Rollout = avail
+	var refuse []string
+	if tmp != nil && o.Wait <= 0 {
+		why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 install does not wait, so it could not put back a temporary strategy", avail)
+		if !o.Force {
+			refuse = append(refuse, why+": give a --timeout, or --force to roll with the Deployment's own strategy")
+		} else {
+			r.warn("--force: " + why)
+		}
+		tmp = nil
+		r.res.Rollout = "with the Deployment's own strategy (--force)"
 	}
+	if tmp != nil {
+		want.Spec.Strategy = *tmp
+		p.strategy = tmp
+	}
+	return refuse
+}
 
+// planWrites works out the RBAC, the Deployment's patch, whether the
+// ConfigMap is there already, and which ConfigMaps go after the rollout.
+func (r *run) planWrites(ctx context.Context, c kubernetes.Interface, p *installPlan, want *appsv1.Deployment) error {
+	d, gen, ns := p.d, p.gen, p.d.Namespace
 	sa := d.Spec.Template.Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
 	}
 	role, binding := rbacFor(d, sa)
+	var err error
 	if p.rbac, err = planRBAC(ctx, c, role, binding, d.Name); err != nil {
-		return nil, err
+		return err
 	}
 	if p.patch, err = deploymentPatch(d, want); err != nil {
-		return nil, err
+		return err
 	}
 	switch have, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); {
 	case err == nil && (!ours(have.ObjectMeta, d.Name) || !equalJSON(have.Data, gen.Data) || !equalJSON(have.BinaryData, gen.BinaryData)):
-		return nil, &RefusedError{[]string{fmt.Sprintf("configmap %s/%s is there and is not what install would write (its labels or its content differ): the pods would read it; delete it, or rename it, and run install again", ns, gen.Name)}}
+		return &RefusedError{[]string{fmt.Sprintf("configmap %s/%s is there and is not what install would write (its labels or its content differ): the pods would read it; delete it, or rename it, and run install again", ns, gen.Name)}}
 	case err == nil:
 		p.genThere = true
 	case !apierrors.IsNotFound(err):
-		return nil, err
+		return err
 	}
-	if p.prunes, err = unusedConfigMaps(ctx, c, d, gen.Name); err != nil {
-		return nil, err
-	}
-	return p, nil
+	p.prunes, err = unusedConfigMaps(ctx, c, d, gen.Name)
+	return err
 }
 
 func equalJSON(a, b any) bool {

@@ -1,6 +1,7 @@
 package install
 
 import (
+	"fmt"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -94,4 +95,15 @@ func notOurs(env []corev1.EnvVar) []corev1.EnvVar {
 		}
 	}
 	return out
+}
+
+// otherInstall refuses a Deployment that runs k8s_event set up by other
+// means: its image and Corefile are not the originals to record.
+func otherInstall(t *target, src *corev1.ConfigMap) error {
+	d := t.dep
+	ctr := d.Spec.Template.Spec.Containers[t.container]
+	if t.rec != nil || !HasPlugins(src.Data[t.key]) || len(notOurs(ctr.Env)) != len(ctr.Env)-len(Env) {
+		return nil
+	}
+	return &RefusedError{[]string{fmt.Sprintf("deployment %s/%s runs k8s_event already, set up by other means (its Corefile, configmap %s, has k8s_event and its container the downward-API variables; image %s): install would take that image for the stock one; change it where it was set up (for example the kustomize component deploy/k8s_event/component)", d.Namespace, d.Name, src.Name, ctr.Image)}}
 }

@@ -70,11 +70,32 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 	if err != nil {
 		return nil, err
 	}
-	ns := d.Namespace
+	s := newStatusReport(t)
+	if err := s.checkConfigMaps(ctx, c, t); err != nil {
+		return nil, err
+	}
+	if err := s.checkRBAC(ctx, c, d); err != nil {
+		return nil, err
+	}
+	s.checkRollout(ctx, c, d)
+	if o.Out != nil {
+		if o.JSON {
+			b, _ := json.MarshalIndent(s, "", "  ")
+			fmt.Fprintf(o.Out, "%s\n", b)
+		} else {
+			s.print(&o)
+		}
+	}
+	return s, nil
+}
+
+// newStatusReport is what the Deployment itself says.
+func newStatusReport(t *target) *StatusReport {
+	d := t.dep
 	spec := &d.Spec.Template.Spec
 	ctr := spec.Containers[t.container]
 	s := &StatusReport{
-		Deployment: ns + "/" + d.Name, State: StateNotInstalled, Image: ctr.Image, CoreDNS: release(ctr.Image),
+		Deployment: d.Namespace + "/" + d.Name, State: StateNotInstalled, Image: ctr.Image, CoreDNS: release(ctr.Image),
 		ConfigMap: spec.Volumes[t.volume].ConfigMap.Name, Key: t.key, Variables: []string{},
 		Replicas: ptrOr(d.Spec.Replicas, 1), Ready: d.Status.ReadyReplicas, Available: d.Status.AvailableReplicas, RolledOut: RolledOut(d),
 		Owners: otherOwners(d, t),
@@ -88,42 +109,65 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 			s.Variables = append(s.Variables, e.Name)
 		}
 	}
-	problem := func(format string, args ...any) { s.Problems = append(s.Problems, fmt.Sprintf(format, args...)) }
+	return s
+}
+
+func (s *StatusReport) problem(format string, args ...any) {
+	s.Problems = append(s.Problems, fmt.Sprintf(format, args...))
+}
+
+// checkConfigMaps sets the state from the install's record and the
+// Corefile the pods read, and finds what is wrong with the ConfigMaps.
+func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interface, t *target) error {
+	ns := t.dep.Namespace
 	read, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.ConfigMap, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		problem("configmap %s, which the pods read, is missing: new pods cannot start; run install again (or uninstall)", s.ConfigMap)
+		s.problem("configmap %s, which the pods read, is missing: new pods cannot start; run install again (or uninstall)", s.ConfigMap)
 	case err != nil:
-		return nil, err
+		return err
 	}
 	switch {
 	case t.rec != nil:
 		s.State = StateInstalled
 		s.BeforeImage, s.BeforeConfigMap = t.rec.Original.Image, t.rec.Original.Volume.ConfigMap.Name
 		s.BeforeCoreDNS = release(s.BeforeImage)
-		if ctr.Image != t.rec.Image || s.ConfigMap != t.rec.ConfigMap {
+		if s.Image != t.rec.Image || s.ConfigMap != t.rec.ConfigMap {
 			s.State = StatePartlyUndone
-			problem("the image or the configmap is no longer what install set (image %s, configmap %s): run install again, or uninstall", t.rec.Image, t.rec.ConfigMap)
+			s.problem("the image or the configmap is no longer what install set (image %s, configmap %s): run install again, or uninstall", t.rec.Image, t.rec.ConfigMap)
 		}
 		if t.rec.Source != "" {
-			src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.BeforeConfigMap, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				problem("configmap %s, the Corefile install started from, is gone: uninstall would point the pods at it", s.BeforeConfigMap)
-			case err != nil:
-				return nil, err
-			case contentHash(src.Data, src.BinaryData) != t.rec.Source:
-				what := "its content"
-				if _, ok := src.Data["NodeHosts"]; ok {
-					what = "its content (k3s rewrites NodeHosts as nodes come and go)"
-				}
-				problem("configmap %s changed since the install (%s): the pods read the copy made then; run install again to roll them to it", s.BeforeConfigMap, what)
-			}
+			return s.checkSource(ctx, c, ns, t.rec.Source)
 		}
 	case read != nil && t.key != "" && HasPlugins(read.Data[t.key]):
 		s.State = StateOther
 	}
-	name := d.Name + "-k8s-event"
+	return nil
+}
+
+// checkSource finds whether the operator's ConfigMap that the install
+// started from is there and as it was.
+func (s *StatusReport) checkSource(ctx context.Context, c kubernetes.Interface, ns, hash string) error {
+	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.BeforeConfigMap, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		s.problem("configmap %s, the Corefile install started from, is gone: uninstall would point the pods at it", s.BeforeConfigMap)
+	case err != nil:
+		return err
+	case contentHash(src.Data, src.BinaryData) != hash:
+		what := "its content"
+		if _, ok := src.Data["NodeHosts"]; ok {
+			what = "its content (k3s rewrites NodeHosts as nodes come and go)"
+		}
+		s.problem("configmap %s changed since the install (%s): the pods read the copy made then; run install again to roll them to it", s.BeforeConfigMap, what)
+	}
+	return nil
+}
+
+// checkRBAC finds the install's Role and RoleBinding, and whether they
+// let the pods write events.
+func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) error {
+	ns, name := d.Namespace, d.Name+"-k8s-event"
 	s.Role, s.RoleBinding = "absent", "absent"
 	role, err := c.RbacV1().Roles(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
@@ -133,7 +177,7 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 			s.Role = "not this tool's"
 		}
 	case !apierrors.IsNotFound(err):
-		return nil, err
+		return err
 	}
 	binding, err := c.RbacV1().RoleBindings(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
@@ -143,42 +187,40 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 			s.RoleBinding = "not this tool's"
 		}
 	case !apierrors.IsNotFound(err):
-		return nil, err
+		return err
 	}
-	if s.State == StateInstalled || s.State == StatePartlyUndone {
-		switch {
-		case role == nil || s.Role == "absent":
-			problem("role %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
-		case !grantsEvents(role.Rules):
-			problem("role %s/%s does not grant create and patch on events: k8s_event gets 403; run install again", ns, name)
-		}
-		switch {
-		case binding == nil || s.RoleBinding == "absent":
-			problem("rolebinding %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
-		case !bindsServiceAccount(binding, ns, s.ServiceAccount):
-			problem("rolebinding %s/%s binds %s, but the pods run as serviceaccount %s/%s: k8s_event gets 403 on events; run install again", ns, name, subjectsString(binding.Subjects), ns, s.ServiceAccount)
-		}
+	if s.State != StateInstalled && s.State != StatePartlyUndone {
+		return nil
 	}
+	switch {
+	case role == nil || s.Role == "absent":
+		s.problem("role %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
+	case !grantsEvents(role.Rules):
+		s.problem("role %s/%s does not grant create and patch on events: k8s_event gets 403; run install again", ns, name)
+	}
+	switch {
+	case binding == nil || s.RoleBinding == "absent":
+		s.problem("rolebinding %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
+	case !bindsServiceAccount(binding, ns, s.ServiceAccount):
+		s.problem("rolebinding %s/%s binds %s, but the pods run as serviceaccount %s/%s: k8s_event gets 403 on events; run install again", ns, name, subjectsString(binding.Subjects), ns, s.ServiceAccount)
+	}
+	return nil
+}
+
+// checkRollout finds pods that are not Ready and a rollout that does not
+// progress.
+func (s *StatusReport) checkRollout(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) {
 	if why := podTrouble(ctx, c, d); len(why) > 0 {
-		problem("pods not Ready: %s", strings.Join(why, "; "))
+		s.problem("pods not Ready: %s", strings.Join(why, "; "))
 	}
 	for _, cond := range d.Status.Conditions {
 		// The rollout stalled, or its ReplicaSet cannot make pods (a quota,
 		// an admission webhook): no pod may be there to be not Ready.
 		stalled := cond.Type == appsv1.DeploymentProgressing && cond.Status == corev1.ConditionFalse
 		if stalled || cond.Type == appsv1.DeploymentReplicaFailure && cond.Status == corev1.ConditionTrue {
-			problem("the rollout does not progress (%s: %s): kubectl -n %s describe deployment/%s", cond.Reason, cond.Message, ns, d.Name)
+			s.problem("the rollout does not progress (%s: %s): kubectl -n %s describe deployment/%s", cond.Reason, cond.Message, d.Namespace, d.Name)
 		}
 	}
-	if o.Out != nil {
-		if o.JSON {
-			b, _ := json.MarshalIndent(s, "", "  ")
-			fmt.Fprintf(o.Out, "%s\n", b)
-		} else {
-			s.print(&o)
-		}
-	}
-	return s, nil
 }
 
 func (s *StatusReport) print(o *Options) {

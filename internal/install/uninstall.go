@@ -21,6 +21,14 @@ func Uninstall(ctx context.Context, c kubernetes.Interface, o Options) error {
 	return r.finish(r.uninstall(ctx, c))
 }
 
+// uninstallPlan is what an uninstall changes.
+type uninstallPlan struct {
+	t       *target
+	patch   *patch
+	tmp     *appsv1.DeploymentStrategy // temporary, for the rollout; nil: the operator's
+	patched bool
+}
+
 func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	o := r.o
 	unlock, held, err := lockDeployment(ctx, c, o)
@@ -31,108 +39,147 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	if held != "" {
 		defer r.warn("the run would be refused now: " + held)
 	}
-	var before *appsv1.Deployment
-	var tmp *appsv1.DeploymentStrategy
-	var t *target
-	patched := false
+	var p *uninstallPlan
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		r.restart()
 		var err error
-		if before, err = findDeployment(ctx, c, o); err != nil {
+		if p, err = r.planUninstall(ctx, c); err != nil || p.patch == nil {
 			return err
 		}
-		if t, err = inspect(before, o); err != nil {
-			return err
-		}
-		ns := before.Namespace
-		r.res.Deployment = ns + "/" + before.Name
-		if o.DryRun {
-			r.printf("# dry run: nothing is changed\n")
-		}
-		if t.rec == nil {
-			r.change(Change{Action: "keep", Kind: "deployment", Name: ns + "/" + before.Name, Detail: "k8s_event was not installed by this tool"}, fmt.Sprintf("deployment %s/%s does not have k8s_event", ns, before.Name))
-			return nil
-		}
-		orig := t.current()
-		want := before.DeepCopy()
-		tmpl := &want.Spec.Template
-		delete(tmpl.Annotations, Annotation)
-		if len(tmpl.Annotations) == 0 {
-			tmpl.Annotations = nil
-		}
-		ctr := &tmpl.Spec.Containers[t.container]
-		r.res.ImageBefore, r.res.ImageAfter = ctr.Image, orig.Image
-		r.res.CoreDNSBefore, r.res.CoreDNSAfter = release(ctr.Image), release(orig.Image)
-		ctr.Image = orig.Image
-		ctr.Env = orig.Env
-		tmpl.Spec.Volumes[t.volume] = orig.Volume
-		var avail string
-		tmp, avail = safeRollout(before)
-		r.res.Rollout = avail
-		if tmp != nil && o.Wait <= 0 {
-			why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 uninstall does not wait, so it could not put back a temporary strategy", avail)
-			if !o.Force {
-				return &RefusedError{[]string{why + ": give a --timeout, or --force to roll with the Deployment's own strategy"}}
-			}
-			r.warn("--force: " + why)
-			tmp = nil
-		}
-		if tmp != nil {
-			want.Spec.Strategy = *tmp
-		}
-		p, err := deploymentPatch(before, want)
-		if err != nil || p == nil {
-			return err
-		}
-		r.printf("deployment %s/%s: image %s -> %s (CoreDNS %s -> %s)\n", ns, before.Name, r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
-		r.printf("rollout: %s\n", r.res.Rollout)
-		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + before.Name, Detail: string(p.display)}, fmt.Sprintf("patch deployment %s/%s", ns, before.Name))
-		if !o.DryRun {
-			if _, err := c.AppsV1().Deployments(ns).Patch(ctx, before.Name, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-				return fmt.Errorf("patch deployment %s/%s: %w", ns, before.Name, err)
-			}
-			patched = true
-		}
-		return nil
+		return r.applyUninstall(ctx, c, p)
 	})
 	if err != nil {
 		return err
 	}
-	ns, name := before.Namespace, before.Name
-	when := ""
-	if patched || (o.DryRun && t.rec != nil) {
-		when = "after the rollout"
-	}
 	if o.DryRun {
-		if tmp != nil && t.rec != nil {
-			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, When: when, Detail: "strategy back to " + strategyString(before.Spec.Strategy)},
-				fmt.Sprintf("%s, patch deployment %s/%s", when, ns, name))
-		}
-		unused, err := unusedConfigMaps(ctx, c, before, "")
-		if err != nil {
-			return err
-		}
-		for _, cm := range unused {
-			r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of deployment " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
-		}
-		return r.rbacRemoval(ctx, c, ns, name, when)
+		return r.sayUninstallAfterRollout(ctx, c, p)
 	}
-	if patched {
-		orig := t.current()
-		verify := func(now *appsv1.Deployment) error {
-			spec := &now.Spec.Template.Spec
-			if _, ok := now.Spec.Template.Annotations[Annotation]; ok || t.container >= len(spec.Containers) || spec.Containers[t.container].Image != orig.Image {
-				return fmt.Errorf("deployment %s/%s changed during the rollout%s: it is not what uninstall patched", ns, name, changedBy(now, t))
-			}
-			return nil
-		}
-		if err := r.rollout(ctx, c, before, tmp, verify, nil); err != nil {
+	d := p.t.dep
+	if p.patched {
+		if err := r.rollout(ctx, c, d, p.tmp, uninstalled(p.t), nil); err != nil {
 			return err
 		}
-	} else if err := r.prune(ctx, c, ns, name, ""); err != nil {
+	} else if err := r.prune(ctx, c, d.Namespace, d.Name, ""); err != nil {
 		return err
 	}
-	return r.rbacRemoval(ctx, c, ns, name, "")
+	return r.rbacRemoval(ctx, c, d.Namespace, d.Name, "")
+}
+
+// planUninstall works out the Deployment's patch that gives back what
+// the install replaced.
+func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*uninstallPlan, error) {
+	t, err := r.discover(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	p := &uninstallPlan{t: t}
+	d := t.dep
+	if r.o.DryRun {
+		r.printf("# dry run: nothing is changed\n")
+	}
+	if t.rec == nil {
+		r.change(Change{Action: "keep", Kind: "deployment", Name: d.Namespace + "/" + d.Name, Detail: "k8s_event was not installed by this tool"}, fmt.Sprintf("deployment %s/%s does not have k8s_event", d.Namespace, d.Name))
+		return p, nil
+	}
+	want := r.uninstallTemplate(t)
+	if err := r.uninstallStrategy(p, want); err != nil {
+		return nil, err
+	}
+	p.patch, err = deploymentPatch(d, want)
+	return p, err
+}
+
+// uninstallTemplate is the Deployment with what the install replaced
+// given back, and its record taken out.
+func (r *run) uninstallTemplate(t *target) *appsv1.Deployment {
+	orig := t.current()
+	want := t.dep.DeepCopy()
+	tmpl := &want.Spec.Template
+	delete(tmpl.Annotations, Annotation)
+	if len(tmpl.Annotations) == 0 {
+		tmpl.Annotations = nil
+	}
+	ctr := &tmpl.Spec.Containers[t.container]
+	r.res.ImageBefore, r.res.ImageAfter = ctr.Image, orig.Image
+	r.res.CoreDNSBefore, r.res.CoreDNSAfter = release(ctr.Image), release(orig.Image)
+	ctr.Image = orig.Image
+	ctr.Env = orig.Env
+	tmpl.Spec.Volumes[t.volume] = orig.Volume
+	return want
+}
+
+// uninstallStrategy decides how the pods roll back, as planStrategy does
+// for the install.
+func (r *run) uninstallStrategy(p *uninstallPlan, want *appsv1.Deployment) error {
+	o := r.o
+	tmp, avail := safeRollout(p.t.dep)
+	r.res.Rollout = avail
+	if tmp != nil && o.Wait <= 0 {
+		why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 uninstall does not wait, so it could not put back a temporary strategy", avail)
+		if !o.Force {
+			return &RefusedError{[]string{why + ": give a --timeout, or --force to roll with the Deployment's own strategy"}}
+		}
+		r.warn("--force: " + why)
+		tmp = nil
+	}
+	if tmp != nil {
+		want.Spec.Strategy = *tmp
+	}
+	p.tmp = tmp
+	return nil
+}
+
+// applyUninstall patches the Deployment, or with DryRun says the patch.
+func (r *run) applyUninstall(ctx context.Context, c kubernetes.Interface, p *uninstallPlan) error {
+	d := p.t.dep
+	ns := d.Namespace
+	r.printf("deployment %s/%s: image %s -> %s (CoreDNS %s -> %s)\n", ns, d.Name, r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
+	r.printf("rollout: %s\n", r.res.Rollout)
+	r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: string(p.patch.display)}, fmt.Sprintf("patch deployment %s/%s", ns, d.Name))
+	if r.o.DryRun {
+		return nil
+	}
+	if _, err := c.AppsV1().Deployments(ns).Patch(ctx, d.Name, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+		return fmt.Errorf("patch deployment %s/%s: %w", ns, d.Name, err)
+	}
+	p.patched = true
+	return nil
+}
+
+// sayUninstallAfterRollout lists, in a dry run, what the uninstall does
+// once the pods have rolled back.
+func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interface, p *uninstallPlan) error {
+	d := p.t.dep
+	ns, name := d.Namespace, d.Name
+	when := ""
+	if p.t.rec != nil {
+		when = "after the rollout"
+	}
+	if p.tmp != nil && p.t.rec != nil {
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, When: when, Detail: "strategy back to " + strategyString(d.Spec.Strategy)},
+			fmt.Sprintf("%s, patch deployment %s/%s", when, ns, name))
+	}
+	unused, err := unusedConfigMaps(ctx, c, d, "")
+	if err != nil {
+		return err
+	}
+	for _, cm := range unused {
+		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of deployment " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
+	}
+	return r.rbacRemoval(ctx, c, ns, name, when)
+}
+
+// uninstalled checks that the Deployment rolling out is the one uninstall
+// patched.
+func uninstalled(t *target) func(*appsv1.Deployment) error {
+	orig := t.current()
+	return func(now *appsv1.Deployment) error {
+		spec := &now.Spec.Template.Spec
+		if _, ok := now.Spec.Template.Annotations[Annotation]; ok || t.container >= len(spec.Containers) || spec.Containers[t.container].Image != orig.Image {
+			return fmt.Errorf("deployment %s/%s changed during the rollout%s: it is not what uninstall patched", now.Namespace, now.Name, changedBy(now, t))
+		}
+		return nil
+	}
 }
 
 // rbacRemoval deletes the Role and RoleBinding the install made; those of
