@@ -69,6 +69,7 @@ type entry struct {
 
 	end   *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
 	links          // its place in the cache (cache.go)
+	slot  slot     // where it waits for a token or a time (queue.go)
 }
 
 type windowKey struct {

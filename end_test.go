@@ -176,7 +176,7 @@ func TestQuietOffSaysNoEnd(t *testing.T) {
 	}
 	// Written, with no end to watch for: the scheduler looks at them no
 	// more.
-	if n := len(h.s.active); n != 0 {
+	if n := h.s.timers.Len(); n != 0 {
 		t.Errorf("%d entries still looked at once written with quiet off", n)
 	}
 }

@@ -335,7 +335,7 @@ func (m *model) check() error {
 	var doubt float64
 	var settling, cached, cacheSize, ends int
 	m.inspect(func(s *scheduler) {
-		for e := range s.active {
+		for _, e := range entriesOf(s) {
 			if e.doubt > 0 {
 				doubt += float64(min(e.doubt-e.carried, e.pending()))
 			}
@@ -436,6 +436,15 @@ func (m *model) checkBound() error {
 	return nil
 }
 
+// entriesOf lists the entries of s's cache and those settling.
+func entriesOf(s *scheduler) []*entry {
+	out := s.corr.cache.values()
+	for e := range s.settling {
+		out = append(out, e)
+	}
+	return out
+}
+
 // recoveryBound is how long after the API server's return every pending
 // event whose bucket has a token is written: a request sent just before
 // may still take its time-out, and a failure then backs off at most one
@@ -456,7 +465,7 @@ func (m *model) recover() error {
 func (m *model) recovered(back time.Time) (err error) {
 	m.inspect(func(s *scheduler) {
 		now := m.clk.Now()
-		for _, e := range s.order() {
+		for _, e := range entriesOf(s) {
 			if e.pending() == 0 || e.dropped > 0 || e.inflight != 0 {
 				continue
 			}

@@ -71,8 +71,9 @@ type harness struct {
 	client       kubernetes.Interface
 	writeTimeout time.Duration // real time, for each request to the fake API
 	lostAfter    time.Duration
-	later        []delayed // results still to come, by time
-	reports      []error   // what the scheduler said of failed writes
+	hold         func(request) time.Duration // how long the answer of a request is held back; nil: none
+	later        []delayed                   // results still to come, by time
+	reports      []error                     // what the scheduler said of failed writes
 }
 
 type delayed struct {
@@ -155,8 +156,15 @@ func (h *harness) send(r request) {
 	ctx, cancel := context.WithTimeout(context.Background(), h.writeTimeout)
 	res := do(ctx, h.client, r)
 	cancel()
+	after := time.Duration(0)
+	if h.hold != nil {
+		after = h.hold(r)
+	}
 	if h.lostAfter > 0 && res.reached && res.err != nil && statusCode(res.err) == 0 {
-		h.later = append(h.later, delayed{h.clk.Now().Add(h.lostAfter), res})
+		after = h.lostAfter
+	}
+	if after > 0 {
+		h.later = append(h.later, delayed{h.clk.Now().Add(after), res})
 		slices.SortStableFunc(h.later, func(a, b delayed) int { return a.at.Compare(b.at) })
 		return
 	}
@@ -239,11 +247,10 @@ func (h *harness) entry(key eventKey) *entry {
 	return e
 }
 
-// pendingEntries lists the entries with lines to write, in the order
-// they take tokens.
+// pendingEntries lists the entries with lines to write.
 func (h *harness) pendingEntries() []*entry {
 	var out []*entry
-	for _, e := range h.s.order() {
+	for _, e := range entriesOf(h.s) {
 		if e.pending() > 0 && e.dropped == 0 {
 			out = append(out, e)
 		}

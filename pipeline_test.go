@@ -131,9 +131,9 @@ func TestFlushWaitsForRefillsBeforeDeadline(t *testing.T) {
 }
 
 // TestFlushTakesTokensInOrder: in the flush, as in service, events take
-// tokens in order: settling first, then the least recently seen. Two
-// tokens are left at stop: the settling event and the least recently seen
-// are written, the most recently seen is dropped.
+// tokens in order: settling first, then the one that began to wait first.
+// Two tokens are left at stop: the settling event and B, waiting since
+// before D, are written; D is dropped.
 func TestFlushTakesTokensInOrder(t *testing.T) {
 	h, api, clk := newTestHarness(t, testConfig(all, 1.0/3600, 3, 2))
 	before := readLedger()
@@ -156,42 +156,56 @@ func TestFlushTakesTokensInOrder(t *testing.T) {
 	down = false
 	h.stop(time.Second)
 	got := messages(api)
-	if got["plugin/errors: upstream A down"] != 2 || got["plugin/errors: upstream D down"] != 1 || len(got) != 2 {
-		t.Errorf("events %v after a flush with 2 tokens, want A (settling) and D (seen before B)", got)
+	if got["plugin/errors: upstream A down"] != 2 || got["plugin/errors: upstream B down"] != 3 || len(got) != 2 {
+		t.Errorf("events %v after a flush with 2 tokens, want A (settling) and B (waiting before D)", got)
 	}
-	if d := checkLedger(t, api, before, 7); d.dropped[dropShutdown] != 3 || d.dropped[dropEvicted] != 1 {
-		t.Errorf("dropped %v, want B's 3 lines as shutdown and C's as evicted", d.dropped)
+	if d := checkLedger(t, api, before, 7); d.dropped[dropShutdown] != 1 || d.dropped[dropEvicted] != 1 {
+		t.Errorf("dropped %v, want D's line as shutdown and C's as evicted", d.dropped)
 	}
 }
 
 // TestFlushRecreatesGoneEventInTurn: an event whose patch is answered 404
 // (it expired) is created anew with the next token, before an event seen
-// after it takes one.
+// after it takes one: the bucket's last token waits for the patch, whether
+// its answer comes at once or late, and whether one token or two are left.
 func TestFlushRecreatesGoneEventInTurn(t *testing.T) {
-	h, api, clk := newTestHarness(t, testConfig(all, 1, 1, 64))
-	h.observe(ln(levelError, "errors", "upstream X down", clk.Now()))
-	drain(h)
-	api.expire()
-	h.advance(10 * time.Second) // the bucket holds one token again
-	h.observe(ln(levelError, "errors", "upstream X down", clk.Now()))
-	h.observe(ln(levelError, "errors", "upstream Y down", clk.Now()))
-	h.stop(3 * time.Second)
-	got := messages(api)
-	if got["plugin/errors: upstream X down"] != 2 || got["plugin/errors: upstream Y down"] != 1 {
-		t.Errorf("events %v after the flush, want X with 2 lines and Y", got)
-	}
-	reqs := eventRequests(api)[1:]
-	var order []string
-	for _, r := range reqs {
-		order = append(order, fmt.Sprintf("%s at +%v", r.verb, r.at.Sub(epoch)))
-	}
-	if len(reqs) != 3 || reqs[0].verb != "patch" || reqs[1].verb != "create" || reqs[2].verb != "create" || !reqs[1].at.Before(reqs[2].at) {
-		t.Errorf("requests in the flush %v, want X's patch, then a create each a token apart", order)
-	}
-	x := h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: upstream X down"})
-	y := h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: upstream Y down"})
-	if x == nil || y == nil || x.name == "" || x.name >= y.name { // names grow with time
-		t.Errorf("Y's event was created before X's new one")
+	for _, tt := range []struct {
+		burst int
+		held  time.Duration
+	}{{1, 0}, {2, 0}, {1, 1500 * time.Millisecond}, {2, 1500 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("burst %d, answer after %v", tt.burst, tt.held), func(t *testing.T) {
+			h, api, clk := newTestHarness(t, testConfig(all, 1, tt.burst, 64))
+			h.observe(ln(levelError, "errors", "upstream X down", clk.Now()))
+			drain(h)
+			api.expire()
+			h.advance(10 * time.Second) // the bucket is full again
+			h.hold = func(r request) time.Duration {
+				if r.verb == verbPatch {
+					return tt.held
+				}
+				return 0
+			}
+			h.observe(ln(levelError, "errors", "upstream X down", clk.Now()))
+			h.observe(ln(levelError, "errors", "upstream Y down", clk.Now()))
+			h.stop(4 * time.Second)
+			got := messages(api)
+			if got["plugin/errors: upstream X down"] != 2 || got["plugin/errors: upstream Y down"] != 1 {
+				t.Errorf("events %v after the flush, want X with 2 lines and Y", got)
+			}
+			reqs := eventRequests(api)[1:]
+			var order []string
+			for _, r := range reqs {
+				order = append(order, fmt.Sprintf("%s at +%v", r.verb, r.at.Sub(epoch)))
+			}
+			if len(reqs) != 3 || reqs[0].verb != "patch" || reqs[1].verb != "create" || reqs[2].verb != "create" || reqs[1].at.After(reqs[2].at) {
+				t.Errorf("requests in the flush %v, want X's patch, then two creates", order)
+			}
+			x := h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: upstream X down"})
+			y := h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: upstream Y down"})
+			if x == nil || y == nil || x.name == "" || x.name >= y.name { // names grow with time
+				t.Errorf("Y's event was created before X's new one: %v", order)
+			}
+		})
 	}
 }
 

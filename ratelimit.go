@@ -128,6 +128,12 @@ func (b *bucket) wait(now time.Time) time.Duration {
 	return time.Duration(math.Ceil(min((1-b.tokens)/b.qps, 365*24*3600) * float64(time.Second)))
 }
 
+// last tells that the bucket holds one token at most.
+func (b *bucket) last(now time.Time) bool {
+	b.advance(now)
+	return b.tokens < 2
+}
+
 // set takes a new rate and burst; the tokens stay, up to the new burst.
 func (b *bucket) set(qps float64, burst int, now time.Time) {
 	b.advance(now)

@@ -2,6 +2,7 @@ package k8s_event
 
 import (
 	"cmp"
+	"container/heap"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -37,20 +38,28 @@ type flight struct {
 	full   bool   // the count is 2^31-1: the object is full
 	retry  bool   // a create under a name tried before
 	read   bool   // a read of the pod, made for e's create
+	sent   time.Time
 }
 
 type scheduler struct {
 	set      config // rate and quiet; levels are the listener's
 	corr     *correlator
-	active   map[*entry]struct{} // entries with something to write, in flight, or waiting for their quiet
 	settling map[*entry]struct{} // evicted, and their latest write got no answer: at most cacheSize
 	ends     ends
 	buckets  [numBuckets]*bucket
-	flights  map[uint64]flight
-	lastID   uint64
-	pod      podIdentity
-	names    *eventNames
-	rand     *rand.Rand
+	queues   [numBuckets]*tokenQueue // who takes each bucket's next token (queue.go)
+	timers   entryHeap               // entries waiting for a time: a backoff, a Retry-After, a quiet
+	parked   []*entry                // creates waiting for the pod's read
+	stamp    uint64
+	now      time.Time // of the message being handled
+	// holdFor is how long, in the flush, a bucket's last token waits for a
+	// patch in flight that may come back gone: its re-create goes first.
+	holdFor time.Duration
+	flights map[uint64]flight
+	lastID  uint64
+	pod     podIdentity
+	names   *eventNames
+	rand    *rand.Rand
 	// doubtful counts lines dropped whose latest write may have landed unanswered.
 	doubtful int64
 	settled  bool // an evicted entry began to settle: it may be sent now
@@ -69,8 +78,10 @@ type scheduler struct {
 func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 	s := &scheduler{
 		set:        set,
-		active:     map[*entry]struct{}{},
 		settling:   map[*entry]struct{}{},
+		timers:     entryHeap{less: byTime},
+		holdFor:    writeTimeout,
+		now:        now,
 		flights:    map[uint64]flight{},
 		pod:        pod,
 		names:      newEventNames(),
@@ -82,6 +93,7 @@ func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 	s.corr = newCorrelator(set.cacheSize, s.evicted)
 	for b := range s.buckets {
 		s.buckets[b] = newBucket(set.qps, set.burst, now)
+		s.queues[b] = newTokenQueue()
 	}
 	return s
 }
@@ -93,7 +105,9 @@ func (s *scheduler) observe(ln line) bool {
 	if ln.at.After(s.observed) {
 		s.observed = ln.at
 	}
-	s.active[e] = struct{}{}
+	if e.slot.in == nil || e.slot.in == &s.timers {
+		s.place(e)
+	}
 	settled := s.settled
 	s.settled = false
 	return settled || e.pending() == 1 && e.inflight == 0
@@ -101,6 +115,7 @@ func (s *scheduler) observe(ln line) bool {
 
 // apply takes new settings without losing what is pending.
 func (s *scheduler) apply(set config, now time.Time) {
+	s.now = now
 	for _, b := range s.buckets {
 		b.set(set.qps, set.burst, now)
 	}
@@ -108,8 +123,8 @@ func (s *scheduler) apply(set config, now time.Time) {
 	s.corr.resize(set.cacheSize)
 	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
 		for _, e := range s.corr.cache.values() {
-			if _, ok := quietAt(e, set.quiet); ok {
-				s.active[e] = struct{}{}
+			if e.slot.in == nil && e.inflight == 0 {
+				s.place(e)
 			}
 		}
 	}
@@ -119,11 +134,23 @@ func (s *scheduler) apply(set config, now time.Time) {
 		}
 		if e.inflight == 0 { // one in flight may land with every line: retire decides once it is back
 			delete(s.settling, e)
-			delete(s.active, e)
+			s.unqueue(e)
 			s.drop(e, dropEvicted)
 		}
 	}
-	s.ends.trim(s.endLimit())
+	s.trimEnds()
+}
+
+// trimEnds holds the ends waiting to the limit: those beyond it and not
+// in flight are forgotten.
+func (s *scheduler) trimEnds() {
+	limit := s.endLimit()
+	for _, e := range s.ends.list[min(limit, len(s.ends.list)):] {
+		if e.inflight == 0 {
+			s.unqueue(e)
+		}
+	}
+	s.ends.trim(limit)
 }
 
 // endLimit is how many ends may wait: none while quiet is off.
@@ -137,9 +164,10 @@ func (s *scheduler) endLimit() int {
 // stop starts the flush: from now on no backoff is waited out, and
 // nothing is sent after timeout.
 func (s *scheduler) stop(now time.Time, timeout time.Duration) {
-	s.stopping, s.deadline = true, now.Add(timeout)
-	for e := range s.active {
+	s.stopping, s.deadline, s.now = true, now.Add(timeout), now
+	for _, e := range slices.Clone(s.timers.es) {
 		e.retryAt = time.Time{}
+		s.place(e)
 	}
 	for _, e := range s.ends.list {
 		e.retryAt = time.Time{}
@@ -163,11 +191,14 @@ func (s *scheduler) dropRemaining() {
 	for _, e := range s.corr.cache.values() {
 		s.drop(e, dropShutdown)
 	}
-	for e := range s.active {
+	for e := range s.settling {
 		s.drop(e, dropShutdown)
 	}
-	clear(s.active)
 	clear(s.settling)
+	for i := range s.queues {
+		s.queues[i] = newTokenQueue()
+	}
+	s.timers.es, s.parked = nil, nil
 	s.ends.list = nil // they carry no lines: nothing to account for
 }
 
@@ -178,6 +209,7 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 	if s.expired {
 		return nil, time.Time{}
 	}
+	s.now = now
 	soon := func(at time.Time) {
 		if s.stopping && at.After(s.deadline) {
 			return
@@ -186,19 +218,36 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 			wake = at
 		}
 	}
-	for _, e := range s.decideEnds(s.order(), now, soon) {
-		at, ok := s.dueAt(e)
-		if !ok {
-			continue
+	for e := s.timers.peek(); e != nil && !e.slot.at.After(now); e = s.timers.peek() {
+		s.place(e)
+	}
+	if w, must := s.pod.readDue(now, s.stopping); len(s.parked) > 0 && must && w > 0 {
+		soon(now.Add(w))
+	} else if len(s.parked) > 0 && (!must || w == 0) {
+		parked := s.parked
+		s.parked = nil
+		for _, e := range parked {
+			e.slot.parked = false
+			s.place(e)
 		}
-		if at.After(now) {
-			soon(at)
-			continue
-		}
-		b := bucketOf(e)
-		bk := s.buckets[b]
-		if bk.inFlight() >= maxInFlight {
-			continue // a result comes, and asks again
+	}
+	for b := levelFatal; b > levelDebug; b-- { // the most severe first, then the ends
+		reqs = s.serve(b-1, now, reqs, soon)
+	}
+	reqs = s.serve(endBucket, now, reqs, soon)
+	if e := s.timers.peek(); e != nil {
+		soon(e.slot.at)
+	}
+	return reqs, wake
+}
+
+// serve hands the tokens of bucket b to the entries waiting, in turn.
+func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time.Time)) []request {
+	q, bk := s.queues[b], s.buckets[b]
+	for bk.inFlight() < maxInFlight { // else a result comes, and asks again
+		e := q.head()
+		if e == nil {
+			break
 		}
 		read := false // a create first waits for, or makes, the read of the pod
 		if e.end != nil || e.name == "" {
@@ -207,65 +256,122 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 				if w > 0 {
 					soon(now.Add(w))
 				}
+				s.park(e)
 				continue
 			}
 			read = must
+		}
+		if s.holding(b, e, now, soon) {
+			break
 		}
 		id := s.nextID()
 		if !bk.take(id, now) {
 			s.deferred(e, b)
 			soon(now.Add(bk.wait(now)))
-			continue
+			break
 		}
+		q.served(e)
 		if read {
 			s.flights[id] = flight{e: e, bucket: b, verb: s.pod.verb, read: true}
+			s.park(e)
 			reqs = append(reqs, s.pod.read(id))
 			continue
 		}
 		reqs = append(reqs, s.prepare(e, id, b, now))
 	}
-	return reqs, wake
+	return reqs
 }
 
-// decideEnds ends the storms of es whose quiet is up, tells soon when the
-// next one is, and returns es with the ends to write after it.
-func (s *scheduler) decideEnds(es []*entry, now time.Time, soon func(time.Time)) []*entry {
-	for _, e := range es {
-		at, ok := quietAt(e, s.set.quiet)
-		switch {
-		case !ok:
-		case at.After(now):
-			soon(at)
-		case s.backlog() > 0 && s.observed.Before(e.last.Add(s.set.quiet)):
-			soon(now.Add(handOffWait)) // a line of before the quiet may be on its way
-		default:
-			s.ends.add(endOf(e, now), s.endLimit())
-			delete(s.active, e)
+// holding tells that, in the flush, bucket b's last token waits for a
+// patch in flight, at most holdFor: should the event be gone, its
+// re-create takes it, not e, which came after.
+func (s *scheduler) holding(b level, e *entry, now time.Time, soon func(time.Time)) bool {
+	if !s.stopping || e.slot.recreate || !s.buckets[b].last(now) {
+		return false
+	}
+	for _, f := range s.flights {
+		if f.bucket == b && f.verb == verbPatch && now.Before(f.sent.Add(s.holdFor)) {
+			soon(f.sent.Add(s.holdFor))
+			return true
 		}
 	}
-	return append(es, s.ends.list...)
+	return false
 }
 
-// order lists the entries that may have something to send or a quiet to
-// wait for, in the order they take tokens: the settling ones, then the
-// least recently seen. Entries with nothing left to do leave the active set.
-func (s *scheduler) order() []*entry {
-	out := s.settlingEntries()
-	n := len(out)
-	for e := range s.active {
-		if _, ok := s.settling[e]; ok {
-			continue
-		}
-		if e.inflight == 0 && (e.pending() == 0 || e.dropped > 0) {
-			if _, watch := quietAt(e, s.set.quiet); !watch {
-				delete(s.active, e)
-				continue
-			}
-		}
-		out = append(out, e)
+// park sets the create e aside until the pod's read is back or due.
+func (s *scheduler) park(e *entry) {
+	s.unqueue(e)
+	if !e.slot.parked {
+		e.slot.parked = true
+		s.parked = append(s.parked, e)
 	}
-	slices.SortFunc(out[n:], func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
-	return out
+}
+
+// place puts e where it waits now: in its bucket's queue, in the timers,
+// or nowhere when it has nothing to do. A storm whose quiet is up ends.
+func (s *scheduler) place(e *entry) {
+	s.unqueue(e)
+	if e.inflight != 0 || e.slot.parked {
+		return
+	}
+	if e.end == nil && (e.pending() == 0 || e.dropped > 0) {
+		s.watch(e)
+		return
+	}
+	at := e.retryAt
+	if e.asked.After(at) {
+		at = e.asked
+	}
+	switch {
+	case s.stopping && at.After(s.deadline): // never sent: dropped when the flush ends
+	case at.After(s.now):
+		s.wait(e, at)
+	default:
+		if e.slot.stamp == 0 {
+			s.stamp++
+			e.slot.stamp = s.stamp
+		}
+		_, settling := s.settling[e]
+		s.queues[bucketOf(e)].push(e, settling)
+		if s.buckets[bucketOf(e)].wait(s.now) > 0 {
+			s.deferred(e, bucketOf(e))
+		}
+	}
+}
+
+// watch waits for the quiet of e's storm, and ends it once it is up.
+func (s *scheduler) watch(e *entry) {
+	at, ok := quietAt(e, s.set.quiet)
+	switch {
+	case !ok:
+	case at.After(s.now):
+		s.wait(e, at)
+	case s.backlog() > 0 && s.observed.Before(e.last.Add(s.set.quiet)):
+		s.wait(e, s.now.Add(handOffWait)) // a line of before the quiet may be on its way
+	default:
+		n := len(s.ends.list)
+		s.ends.add(endOf(e, s.now), s.endLimit())
+		if len(s.ends.list) > n {
+			s.place(s.ends.list[n])
+		}
+	}
+}
+
+// wait puts e in the timers until at.
+func (s *scheduler) wait(e *entry, at time.Time) {
+	e.slot.at = at
+	heap.Push(&s.timers, e)
+}
+
+// unqueue takes e out of the heap it waits in, if any.
+func (s *scheduler) unqueue(e *entry) {
+	switch {
+	case e.slot.in == nil:
+	case e.slot.in == &s.timers:
+		heap.Remove(&s.timers, e.slot.index)
+	default:
+		s.queues[bucketOf(e)].remove(e)
+	}
 }
 
 // settlingEntries lists the settling entries, oldest first.
@@ -276,22 +382,6 @@ func (s *scheduler) settlingEntries() []*entry {
 	}
 	slices.SortFunc(out, func(a, b *entry) int { return cmp.Or(a.first.Compare(b.first), cmp.Compare(a.seq, b.seq)) })
 	return out
-}
-
-// dueAt is when e may send its next request, tokens aside; false when it
-// has nothing to send, or never will before the flush ends.
-func (s *scheduler) dueAt(e *entry) (time.Time, bool) {
-	if e.inflight != 0 || e.end == nil && (e.pending() == 0 || e.dropped > 0) {
-		return time.Time{}, false
-	}
-	at := e.retryAt
-	if e.asked.After(at) {
-		at = e.asked
-	}
-	if s.stopping && at.After(s.deadline) {
-		return time.Time{}, false
-	}
-	return at, true
 }
 
 func bucketOf(e *entry) level {
@@ -321,7 +411,7 @@ func (s *scheduler) deferred(e *entry, b level) {
 
 // prepare makes the request that writes e, with the token id of bucket b.
 func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request {
-	f := flight{e: e, bucket: b}
+	f := flight{e: e, bucket: b, sent: now}
 	var spec writeSpec
 	if e.end != nil {
 		spec = writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at, last: e.end.at, end: true}
@@ -371,6 +461,7 @@ func (s *scheduler) outcome(res result, now time.Time) {
 		return
 	}
 	delete(s.flights, res.id)
+	s.now = now
 	s.buckets[f.bucket].settle(res.id, res.reached, now)
 	switch {
 	case f.e == nil: // a fatal line's: its caller keeps its account
@@ -408,12 +499,14 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 			e.name = ""
 		}
 		eventWrites.WithLabelValues(e.key.level.reason(), f.verb.String()).Inc()
-	case writeGone: // the event expired or was deleted: create it anew
+	case writeGone: // the event expired or was deleted: create it anew, first
 		e.name, e.doubt, expected = "", 0, "gone"
+		e.slot.recreate = true
 	case writeExists:
 		if f.retry { // a create that got no answer had been applied: patch it
 			e.carry(e.triedCount) // the least it holds: an unanswered retry may have been the one applied
 			e.name, e.tried, expected = f.name, "", "exists"
+			e.stormWritten = true
 		} else { // another writer's event has this name: take a new one
 			e.tried, expected = "", "name_taken"
 		}
@@ -437,11 +530,11 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 
 // endDone books the result of a write of an end.
 func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
-	expected := ""
+	expected, waits := "", false
 	switch res.outcome {
 	case writeOK, writeExists:
 		if res.outcome == writeExists && !f.retry { // the name is another's: take a new one
-			e.tried, expected = "", "name_taken"
+			e.tried, expected, waits = "", "name_taken", true
 			break
 		}
 		if res.outcome == writeExists {
@@ -459,11 +552,15 @@ func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
 			e.tried = f.name // it may have been applied: retry under the same name
 		}
 		s.failed(e, res, now)
+		waits = true
 	}
 	countAnswer(res, expected)
+	if waits {
+		s.place(e)
+	}
 	// A reload during the request may have turned quiet off or shrunk the
 	// cache: an end still to write is held to them once it is back.
-	s.ends.trim(s.endLimit())
+	s.trimEnds()
 }
 
 // failed books a write that may pass if tried again: after a backoff, or
@@ -491,6 +588,7 @@ func (s *scheduler) evicted(e *entry) {
 // write settles what the API holds.
 func (s *scheduler) retire(e *entry) {
 	if !e.evicted || e.inflight != 0 {
+		s.place(e)
 		return
 	}
 	if e.doubt > 0 && e.pending() > 0 {
@@ -498,13 +596,13 @@ func (s *scheduler) retire(e *entry) {
 		// beyond the new size: it goes once its write is back.
 		if _, ok := s.settling[e]; ok && len(s.settling) <= s.set.cacheSize || !ok && len(s.settling) < s.set.cacheSize {
 			s.settling[e] = struct{}{}
-			s.active[e] = struct{}{}
 			s.settled = true
+			s.place(e)
 			return
 		}
 	}
 	delete(s.settling, e)
-	delete(s.active, e)
+	s.unqueue(e)
 	s.drop(e, dropEvicted)
 }
 

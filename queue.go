@@ -1,0 +1,178 @@
+package k8s_event
+
+import (
+	"container/heap"
+	"time"
+)
+
+// The order in which the entries of one bucket take its tokens, so that
+// new information goes first and no noise holds it back: entries settling
+// (evicted, their latest write unanswered), oldest first; then events whose
+// patch found them gone, to be created anew; then the plugins, least
+// recently served first, so that each plugin waiting puts at most one
+// event before a plugin served after it; within a plugin, new events
+// (never written) and updates of written ones take turns, new first,
+// each oldest first. An entry waiting for a time (a backoff, a
+// Retry-After, the quiet of its storm) is in the timers, by time. Every
+// choice is a heap operation: O(log n) in the entries waiting. Owned by the
+// scheduler's goroutine.
+
+// slot is where an entry waits: one heap at a time, or none.
+type slot struct {
+	in       *entryHeap
+	index    int
+	owner    *pluginQueue // of in, when in is a plugin's
+	stamp    uint64       // when it began to wait for its next write: oldest first
+	at       time.Time    // in the timers: when to look at it again
+	recreate bool         // its patch found the event gone
+	parked   bool         // a create waiting for the pod's read
+}
+
+// entryHeap is a heap of entries that know their place in it.
+type entryHeap struct {
+	es   []*entry
+	less func(a, b *entry) bool
+}
+
+func (h *entryHeap) Len() int           { return len(h.es) }
+func (h *entryHeap) Less(i, j int) bool { return h.less(h.es[i], h.es[j]) }
+func (h *entryHeap) Swap(i, j int) {
+	h.es[i], h.es[j] = h.es[j], h.es[i]
+	h.es[i].slot.index, h.es[j].slot.index = i, j
+}
+func (h *entryHeap) Push(x any) {
+	e := x.(*entry)
+	e.slot.in, e.slot.index = h, len(h.es)
+	h.es = append(h.es, e)
+}
+func (h *entryHeap) Pop() any {
+	n := len(h.es) - 1
+	e := h.es[n]
+	h.es[n], h.es = nil, h.es[:n]
+	e.slot.in, e.slot.owner = nil, nil
+	return e
+}
+
+func (h *entryHeap) peek() *entry {
+	if len(h.es) == 0 {
+		return nil
+	}
+	return h.es[0]
+}
+
+func byStamp(a, b *entry) bool { return a.slot.stamp < b.slot.stamp }
+func byTime(a, b *entry) bool  { return a.slot.at.Before(b.slot.at) }
+func byFirst(a, b *entry) bool {
+	return a.first.Before(b.first) || a.first.Equal(b.first) && a.seq < b.seq
+}
+
+// pluginQueue is what one plugin has waiting in one bucket.
+type pluginQueue struct {
+	fresh, updates entryHeap
+	updateNext     bool
+	served         uint64 // the turn it was last served
+	index          int    // in the turns; -1 when nothing of it waits
+}
+
+func (p *pluginQueue) len() int { return p.fresh.Len() + p.updates.Len() }
+
+// next is the heap whose oldest entry the plugin sends next.
+func (p *pluginQueue) next() *entryHeap {
+	if p.updates.Len() > 0 && (p.updateNext || p.fresh.Len() == 0) {
+		return &p.updates
+	}
+	return &p.fresh
+}
+
+// turns is a heap of plugins, least recently served first.
+type turns []*pluginQueue
+
+func (t turns) Len() int           { return len(t) }
+func (t turns) Less(i, j int) bool { return t[i].served < t[j].served }
+func (t turns) Swap(i, j int)      { t[i], t[j] = t[j], t[i]; t[i].index, t[j].index = i, j }
+func (t *turns) Push(x any)        { p := x.(*pluginQueue); p.index = len(*t); *t = append(*t, p) }
+func (t *turns) Pop() any {
+	n := len(*t) - 1
+	p := (*t)[n]
+	(*t)[n], *t = nil, (*t)[:n]
+	p.index = -1
+	return p
+}
+
+// tokenQueue is the order of one bucket's entries.
+type tokenQueue struct {
+	settling, recreate entryHeap
+	plugins            map[string]*pluginQueue
+	turns              turns
+	turn               uint64
+}
+
+func newTokenQueue() *tokenQueue {
+	return &tokenQueue{settling: entryHeap{less: byFirst}, recreate: entryHeap{less: byStamp}, plugins: map[string]*pluginQueue{}}
+}
+
+// head is the entry that takes the bucket's next token; nil when none waits.
+func (q *tokenQueue) head() *entry {
+	if e := q.settling.peek(); e != nil {
+		return e
+	}
+	if e := q.recreate.peek(); e != nil {
+		return e
+	}
+	if len(q.turns) == 0 {
+		return nil
+	}
+	return q.turns[0].next().peek()
+}
+
+// push queues e, settling or not, behind those that began to wait before it.
+func (q *tokenQueue) push(e *entry, settling bool) {
+	switch {
+	case settling:
+		heap.Push(&q.settling, e)
+	case e.slot.recreate:
+		heap.Push(&q.recreate, e)
+	default:
+		p := q.plugins[e.key.plugin]
+		if p == nil {
+			p = &pluginQueue{fresh: entryHeap{less: byStamp}, updates: entryHeap{less: byStamp}, index: -1}
+			q.plugins[e.key.plugin] = p
+		}
+		h := &p.updates
+		if e.carried == 0 {
+			h = &p.fresh
+		}
+		heap.Push(h, e)
+		e.slot.owner = p
+		if p.index < 0 {
+			heap.Push(&q.turns, p)
+		}
+	}
+}
+
+// remove takes e out of the queue.
+func (q *tokenQueue) remove(e *entry) {
+	p := e.slot.owner
+	heap.Remove(e.slot.in, e.slot.index)
+	if p != nil && p.len() == 0 && p.index >= 0 {
+		heap.Remove(&q.turns, p.index)
+		if len(q.plugins) > maxWindows { // plugins are few: this bounds the names a bucket remembers
+			delete(q.plugins, e.key.plugin)
+		}
+	}
+}
+
+// served takes e, which got a token, out of the queue: its plugin's turn
+// comes again after every other plugin's waiting.
+func (q *tokenQueue) served(e *entry) {
+	p := e.slot.owner
+	if p != nil {
+		q.turn++
+		p.served, p.updateNext = q.turn, e.slot.in == &p.fresh
+	}
+	q.remove(e)
+	if p != nil && p.index >= 0 {
+		heap.Fix(&q.turns, p.index)
+	}
+	e.slot.stamp, e.slot.recreate = 0, false
+}
