@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // The dry run says the prune the real run makes.
@@ -16,7 +15,7 @@ func TestInstallDryRunSaysThePrune(t *testing.T) {
 	ctx := context.Background()
 	stale := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "coredns-k8s-event-0123456789", Namespace: "kube-system",
 		Labels: map[string]string{DeploymentLabel: "coredns", "app.kubernetes.io/managed-by": FieldManager}}}
-	c := fake.NewClientset(deployment(), configMap(), stale)
+	c := newClient(deployment(), configMap(), stale)
 	var out bytes.Buffer
 	if err := Install(ctx, c, Options{Image: image, DryRun: true, Out: &out}); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/coredns/caddy/caddyfile"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // A k8s_event block the plugin refuses (level twice, as the upstream
@@ -17,7 +16,7 @@ func TestInstallRefusesAK8sEventBlockThePluginRefuses(t *testing.T) {
 	ctx := context.Background()
 	cm := configMap()
 	cm.Data["Corefile"] = ".:53 {\n    errors\n    kubernetes cluster.local\n    k8s_event {\n        level error\n        level info\n    }\n}\n"
-	c := fake.NewClientset(deployment(), cm)
+	c := newClient(deployment(), cm)
 	err := Install(ctx, c, Options{Image: image})
 	if err == nil || !strings.Contains(err.Error(), "level given twice") {
 		t.Fatalf("install: %v, want the block refused", err)
@@ -51,7 +50,7 @@ func TestInstallOptionReplacesTheLineOfAnExistingBlock(t *testing.T) {
 	ctx := context.Background()
 	cm := configMap()
 	cm.Data["Corefile"] = ".:53 {\n    errors\n    kubernetes cluster.local\n    kubeapi\n    k8s_event {\n        level error\n        rate 1 20\n    }\n}\n"
-	c := fake.NewClientset(deployment(), cm)
+	c := newClient(deployment(), cm)
 	if err := Install(ctx, c, Options{Image: image, Options: []string{"level info warning error"}}); err != nil {
 		t.Fatal(err)
 	}

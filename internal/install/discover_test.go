@@ -8,7 +8,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // When no container is named coredns and there are several, the error
@@ -17,7 +16,7 @@ func TestInstallNamesTheContainersWhenNoneIsCoredns(t *testing.T) {
 	d := deployment()
 	d.Spec.Template.Spec.Containers[0].Name = "dns"
 	d.Spec.Template.Spec.Containers = append(d.Spec.Template.Spec.Containers, corev1.Container{Name: "sidecar", Image: "busybox"})
-	c := fake.NewClientset(d, configMap())
+	c := newClient(d, configMap())
 	err := Install(context.Background(), c, Options{Image: image})
 	want := "deployment kube-system/coredns: none of its containers [dns sidecar] is named coredns: name the CoreDNS one with --container"
 	if err == nil || err.Error() != want {
@@ -50,7 +49,7 @@ func TestFindErrors(t *testing.T) {
 		{"twice", []any{deployment(), configMap()}, Options{Image: image, Options: []string{"level info", "level error"}}, `--option "level error": level given twice`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := fake.NewClientset()
+			c := newClient()
 			for _, o := range tc.objs {
 				switch o := o.(type) {
 				case *appsv1.Deployment:

@@ -138,7 +138,15 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 		if p, err = r.planInstall(ctx, c); err != nil {
 			return err
 		}
-		return r.applyInstall(ctx, c, p)
+		if !o.DryRun {
+			if err := r.installRights(ctx, c, p); err != nil {
+				return err
+			}
+		}
+		if err := r.applyInstall(ctx, c, p); err != nil || !o.DryRun {
+			return err
+		}
+		return r.installRights(ctx, c, p)
 	})
 	if held != "" && err == nil {
 		r.warn("the run would be refused now: " + held)
@@ -177,6 +185,9 @@ func lockDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (un
 	d, err := findDeployment(ctx, c, o)
 	if err != nil {
 		return nil, "", err
+	}
+	if missing, err := reviewAccess(ctx, c, d.Namespace, leaseNeeds(d.Name+"-k8s-event")); err == nil && len(missing) > 0 {
+		return nil, "", &RefusedError{append(missing, "nothing was changed: grant what is missing (deploy/kubectl-k8s-event/role.yaml lists what a run needs) and run again")}
 	}
 	if o.DryRun {
 		return func() {}, leaseHeld(ctx, c, d.Namespace, d.Name), nil

@@ -76,7 +76,7 @@ func specJSON(d *appsv1.Deployment) string {
 func TestInstallUninstall(t *testing.T) {
 	ctx := context.Background()
 	stock := deployment()
-	c := fake.NewClientset(stock.DeepCopy(), configMap())
+	c := newClient(stock.DeepCopy(), configMap())
 	var out bytes.Buffer
 
 	// A dry run changes nothing and says what it would.
@@ -191,7 +191,7 @@ func TestInstallUninstall(t *testing.T) {
 func TestReinstallAfterReset(t *testing.T) {
 	ctx := context.Background()
 	stock := deployment()
-	c := fake.NewClientset(stock.DeepCopy(), configMap())
+	c := newClient(stock.DeepCopy(), configMap())
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestReinstallAfterReset(t *testing.T) {
 func TestInstallRefusesBadRate(t *testing.T) {
 	ctx := context.Background()
 	for _, opt := range []string{"rate fast", "rate 10 many", "rate 10 20 -3"} {
-		c := fake.NewClientset(deployment(), configMap())
+		c := newClient(deployment(), configMap())
 		var out bytes.Buffer
 		err := Install(ctx, c, Options{Image: image, Options: []string{opt}, Out: &out})
 		if err == nil {
@@ -247,7 +247,7 @@ func TestUninstallKeepsEnvOrder(t *testing.T) {
 		{Name: "COREDNS_NODE_NAME", Value: "fixed"},
 		{Name: "GODEBUG", Value: "netdns=go"},
 	}
-	c := fake.NewClientset(stock.DeepCopy(), configMap())
+	c := newClient(stock.DeepCopy(), configMap())
 	var out bytes.Buffer
 	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
 		t.Fatal(err)
@@ -265,7 +265,7 @@ func TestUninstallKeepsEnvOrder(t *testing.T) {
 // The install takes every property the plugin takes: quiet is one
 // (README, setup.go), so --option "quiet 30s" must go through.
 func TestInstallTakesQuiet(t *testing.T) {
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	var out bytes.Buffer
 	if err := Install(context.Background(), c, Options{Image: image, Options: []string{"quiet 30s"}, Out: &out}); err != nil {
 		t.Errorf("--option \"quiet 30s\": %v", err)
@@ -276,7 +276,7 @@ func TestInstallTakesQuiet(t *testing.T) {
 // gives the same Deployment as the first install.
 func TestInstallTwiceAndAfterUninstall(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	var out bytes.Buffer
 	if err := Install(ctx, c, Options{Image: image, Out: &out}); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
 	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -52,7 +51,7 @@ func (r hookedRS) List(ctx context.Context, o metav1.ListOptions) (*appsv1.Repli
 // there.
 func TestInstallTwoAtOnceLeaveTheCorefileThere(t *testing.T) {
 	ctx := context.Background()
-	base := fake.NewClientset(deployment(), configMap())
+	base := newClient(deployment(), configMap())
 	var second error
 	var out2 bytes.Buffer
 	c := hooked{Interface: base, once: &sync.Once{}, onList: func() {
@@ -78,7 +77,7 @@ func TestInstallTwoAtOnceLeaveTheCorefileThere(t *testing.T) {
 // run would be refused.
 func TestDryRunSaysAnotherRunHoldsTheLease(t *testing.T) {
 	ctx := context.Background()
-	base := fake.NewClientset(deployment(), configMap())
+	base := newClient(deployment(), configMap())
 	var dry, undry bytes.Buffer
 	var dryErr, undryErr error
 	c := hooked{Interface: base, once: &sync.Once{}, onList: func() {
@@ -105,8 +104,11 @@ func TestDryRunSaysAnotherRunHoldsTheLease(t *testing.T) {
 func TestInstallCutOffBeforeThePatchTakesBackWhatItCreated(t *testing.T) {
 	ctx := context.Background()
 	for _, applied := range []bool{false, true} {
-		c := fake.NewClientset(deployment(), configMap())
+		c := newClient(deployment(), configMap())
 		c.PrependReactor("patch", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if isDryRun(a) {
+				return false, nil, nil
+			}
 			if applied {
 				_, _, _ = k8stesting.ObjectReaction(c.Tracker())(a)
 			}

@@ -11,7 +11,6 @@ import (
 	applyapps "k8s.io/client-go/applyconfigurations/apps/v1"
 	applycore "k8s.io/client-go/applyconfigurations/core/v1"
 	applymeta "k8s.io/client-go/applyconfigurations/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // appliedDeployment is CoreDNS as a tool that applies server-side (helm
@@ -41,7 +40,7 @@ func appliedDeployment() *applyapps.DeploymentApplyConfiguration {
 // does not keep the fields it set.
 func TestInstallLeavesTheNextServerSideApplyWithoutConflict(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(configMap())
+	c := newClient(configMap())
 	deps := c.AppsV1().Deployments("kube-system")
 	if _, err := deps.Apply(ctx, appliedDeployment(), metav1.ApplyOptions{FieldManager: "platform"}); err != nil {
 		t.Fatal(err)
@@ -81,7 +80,7 @@ func TestInstallRefusesOtherOwners(t *testing.T) {
 				d.Labels[k] = v
 			}
 			d.Annotations = tc.annotations
-			c := fake.NewClientset(d, configMap())
+			c := newClient(d, configMap())
 			err := Install(ctx, c, Options{Image: image})
 			if !IsRefused(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("install: %v, want it refused with %q", err, tc.want)
@@ -106,7 +105,7 @@ func TestInstallRefusesOtherOwners(t *testing.T) {
 // A field manager that applies the image server-side is another owner.
 func TestInstallRefusesAServerSideApplierOfTheImage(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(configMap())
+	c := newClient(configMap())
 	if _, err := c.AppsV1().Deployments("kube-system").Apply(ctx, appliedDeployment(), metav1.ApplyOptions{FieldManager: "platform"}); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +122,7 @@ func TestInstallRefusesNodeHostsUnlessForced(t *testing.T) {
 	cm.Data["NodeHosts"] = "10.0.0.5 node-a\n"
 	d := deployment()
 	d.Spec.Template.Spec.Volumes[0].ConfigMap.Items = append(d.Spec.Template.Spec.Volumes[0].ConfigMap.Items, corev1.KeyToPath{Key: "NodeHosts", Path: "NodeHosts"})
-	c := fake.NewClientset(d, cm)
+	c := newClient(d, cm)
 	if err := Install(context.Background(), c, Options{Image: image}); !IsRefused(err) || !strings.Contains(err.Error(), "NodeHosts") {
 		t.Errorf("install: %v", err)
 	}

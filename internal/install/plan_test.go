@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // The Corefile ConfigMap the pods read keeps every key of the operator's,
@@ -22,7 +21,7 @@ func TestInstallKeepsBinaryData(t *testing.T) {
 	cm := configMap()
 	cm.Data["db.example"] = "$ORIGIN example.\n@ 3600 IN SOA ns. admin. 1 7200 3600 1209600 3600\n"
 	cm.BinaryData = map[string][]byte{"site.bin": []byte("\x00\x01binary\xff\xfe\x00\x02")}
-	c := fake.NewClientset(d, cm)
+	c := newClient(d, cm)
 	var out bytes.Buffer
 	if err := Install(ctx, c, Options{Image: image, DryRun: true, Out: &out}); err != nil {
 		t.Fatal(err)
@@ -54,7 +53,7 @@ func keysOf(m map[string]string) []string {
 // whose content was edited, is refused: the pods would read it.
 func TestInstallRefusesAConfigMapOfItsNameThatIsNotItsOwn(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -73,7 +74,9 @@ type rbacStep struct {
 	change Change
 	line   string
 	do     func(ctx context.Context) error // nil: nothing to write
-	undo   func(ctx context.Context) error // for a create: the delete that takes it back
+	undo   func(ctx context.Context) error // what takes it back when the rollout fails
+	needs  []need                          // the rights do and undo need
+	dry    func(ctx context.Context) error // the server-side dry run of do; nil: none alone
 }
 
 // planRBAC says what the Role and RoleBinding need. Objects of those names
@@ -81,85 +84,211 @@ type rbacStep struct {
 // never changed, only checked to grant what k8s_event needs, and refused
 // when they do not.
 func planRBAC(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, binding *rbacv1.RoleBinding, deployment string) ([]rbacStep, error) {
-	ns := role.Namespace
-	roles, bindings := c.RbacV1().Roles(ns), c.RbacV1().RoleBindings(ns)
-	var steps []rbacStep
 	var refuse []string
-	have, err := roles.Get(ctx, role.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		steps = append(steps, rbacStep{
-			change: Change{Action: "create", Kind: "role", Name: ns + "/" + role.Name, Detail: "create, patch events"},
-			line:   fmt.Sprintf("create role %s/%s", ns, role.Name),
-			do: func(ctx context.Context) error {
-				_, err := roles.Create(ctx, role, metav1.CreateOptions{FieldManager: FieldManager})
-				return err
-			},
-			undo: func(ctx context.Context) error { return roles.Delete(ctx, role.Name, metav1.DeleteOptions{}) },
-		})
-	case err != nil:
+	steps, why, err := planRole(ctx, c, role, deployment)
+	if err != nil {
 		return nil, err
-	case !ours(have.ObjectMeta, deployment):
-		if !grantsEvents(have.Rules) {
-			refuse = append(refuse, fmt.Sprintf("role %s/%s is there and is not this tool's (it lacks the label %s=%s), and it does not grant create and patch on events: add that rule to it, or delete it and let install make its own", ns, role.Name, managedByLabel, FieldManager))
-		} else {
-			steps = append(steps, rbacStep{
-				change: Change{Action: "keep", Kind: "role", Name: ns + "/" + role.Name, Detail: "not this tool's; it grants create, patch events: kept as it is"},
-				line:   fmt.Sprintf("keep role %s/%s", ns, role.Name),
-			})
-		}
-	case !equalJSON(have.Rules, role.Rules):
-		have = have.DeepCopy()
-		have.Rules = role.Rules
-		steps = append(steps, rbacStep{
-			change: Change{Action: "update", Kind: "role", Name: ns + "/" + role.Name, Detail: "create, patch events"},
-			line:   fmt.Sprintf("update role %s/%s", ns, role.Name),
-			do: func(ctx context.Context) error {
-				_, err := roles.Update(ctx, have, metav1.UpdateOptions{FieldManager: FieldManager})
-				return err
-			},
-		})
 	}
-	subject := binding.Subjects[0]
-	hb, err := bindings.Get(ctx, binding.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		steps = append(steps, rbacStep{
-			change: Change{Action: "create", Kind: "rolebinding", Name: ns + "/" + binding.Name, Detail: fmt.Sprintf("role %s to serviceaccount %s/%s", role.Name, subject.Namespace, subject.Name)},
-			line:   fmt.Sprintf("create rolebinding %s/%s", ns, binding.Name),
-			do: func(ctx context.Context) error {
-				_, err := bindings.Create(ctx, binding, metav1.CreateOptions{FieldManager: FieldManager})
-				return err
-			},
-			undo: func(ctx context.Context) error { return bindings.Delete(ctx, binding.Name, metav1.DeleteOptions{}) },
-		})
-	case err != nil:
+	refuse = append(refuse, why...)
+	roleIsNew := len(steps) > 0 && steps[0].change.Action == "create"
+	bsteps, why, err := planBinding(ctx, c, binding, deployment, roleIsNew)
+	if err != nil {
 		return nil, err
-	case !ours(hb.ObjectMeta, deployment):
-		if hb.RoleRef.Kind != "Role" || hb.RoleRef.Name != role.Name || !bindsServiceAccount(hb, ns, subject.Name) {
-			refuse = append(refuse, fmt.Sprintf("rolebinding %s/%s is there and is not this tool's (it lacks the label %s=%s), and it does not bind role %s to serviceaccount %s/%s (it binds %s %s to %s): add that subject to it, or delete it and let install make its own", ns, binding.Name, managedByLabel, FieldManager, role.Name, ns, subject.Name, strings.ToLower(hb.RoleRef.Kind), hb.RoleRef.Name, subjectsString(hb.Subjects)))
-		} else {
-			steps = append(steps, rbacStep{
-				change: Change{Action: "keep", Kind: "rolebinding", Name: ns + "/" + binding.Name, Detail: fmt.Sprintf("not this tool's; it binds role %s to serviceaccount %s/%s: kept as it is", role.Name, ns, subject.Name)},
-				line:   fmt.Sprintf("keep rolebinding %s/%s", ns, binding.Name),
-			})
-		}
-	case !equalJSON(hb.Subjects, binding.Subjects) || !equalJSON(hb.RoleRef, binding.RoleRef):
-		steps = append(steps, rbacStep{
-			change: Change{Action: "replace", Kind: "rolebinding", Name: ns + "/" + binding.Name, Detail: fmt.Sprintf("role %s to serviceaccount %s/%s (was %s %s to %s)", role.Name, subject.Namespace, subject.Name, strings.ToLower(hb.RoleRef.Kind), hb.RoleRef.Name, subjectsString(hb.Subjects))},
-			line:   fmt.Sprintf("replace rolebinding %s/%s", ns, binding.Name),
-			do: func(ctx context.Context) error {
-				// The role it refers to cannot change in place.
-				if err := bindings.Delete(ctx, binding.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &hb.UID}}); err != nil && !apierrors.IsNotFound(err) {
-					return err
-				}
-				_, err := bindings.Create(ctx, binding, metav1.CreateOptions{FieldManager: FieldManager})
-				return err
-			},
-		})
 	}
+	refuse = append(refuse, why...)
 	if len(refuse) > 0 {
 		return nil, &RefusedError{refuse}
 	}
-	return steps, nil
+	return append(steps, bsteps...), nil
+}
+
+func rbacRight(verb, resource, name string) right {
+	return right{verb: verb, group: "rbac.authorization.k8s.io", resource: resource, name: name}
+}
+
+// planRole says what the Role needs: created, updated to the rules
+// k8s_event needs, or kept.
+func planRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, deployment string) ([]rbacStep, []string, error) {
+	ns := role.Namespace
+	roles := c.RbacV1().Roles(ns)
+	name := ns + "/" + role.Name
+	have, err := roles.Get(ctx, role.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		create := func(dry []string) func(context.Context) error {
+			return func(ctx context.Context) error {
+				_, err := roles.Create(ctx, role, metav1.CreateOptions{FieldManager: FieldManager, DryRun: dry})
+				return err
+			}
+		}
+		n := needs("create role "+name, rbacRight("create", "roles", ""), rbacRight("delete", "roles", role.Name))
+		return []rbacStep{{
+			change: Change{Action: "create", Kind: "role", Name: name, Detail: "create, patch events"},
+			line:   "create role " + name,
+			do:     create(nil), dry: create(dryAll), needs: []need{n},
+			undo: func(ctx context.Context) error { return roles.Delete(ctx, role.Name, metav1.DeleteOptions{}) },
+		}}, nil, nil
+	case err != nil:
+		return nil, nil, err
+	case !ours(have.ObjectMeta, deployment):
+		if !grantsEvents(have.Rules) {
+			return nil, []string{fmt.Sprintf("role %s is there and is not this tool's (it lacks the label %s=%s), and it does not grant create and patch on events: add that rule to it, or delete it and let install make its own", name, managedByLabel, FieldManager)}, nil
+		}
+		return []rbacStep{{
+			change: Change{Action: "keep", Kind: "role", Name: name, Detail: "not this tool's; it grants create, patch events: kept as it is"},
+			line:   "keep role " + name,
+		}}, nil, nil
+	case !equalJSON(have.Rules, role.Rules):
+		want := have.DeepCopy()
+		want.Rules = role.Rules
+		update := func(dry []string) func(context.Context) error {
+			return func(ctx context.Context) error {
+				_, err := roles.Update(ctx, want, metav1.UpdateOptions{FieldManager: FieldManager, DryRun: dry})
+				return err
+			}
+		}
+		n := needs("update role "+name, rbacRight("update", "roles", role.Name))
+		return []rbacStep{{
+			change: Change{Action: "update", Kind: "role", Name: name, Detail: "create, patch events"},
+			line:   "update role " + name,
+			do:     update(nil), dry: update(dryAll), needs: []need{n},
+		}}, nil, nil
+	}
+	return nil, nil, nil
+}
+
+// planBinding says what the RoleBinding needs. One of the install's that
+// refers to its Role is updated in place, never deleted: the subjects
+// others added stay, and the pods that run now keep their right to write
+// events throughout. Only one that refers to another role is replaced,
+// and then the new one is made before the old one goes.
+func planBinding(ctx context.Context, c kubernetes.Interface, binding *rbacv1.RoleBinding, deployment string, roleIsNew bool) ([]rbacStep, []string, error) {
+	ns := binding.Namespace
+	bindings := c.RbacV1().RoleBindings(ns)
+	name := ns + "/" + binding.Name
+	subject := binding.Subjects[0]
+	to := fmt.Sprintf("role %s to serviceaccount %s/%s", binding.RoleRef.Name, subject.Namespace, subject.Name)
+	// Binding a Role takes the right to bind it, or every right it grants.
+	n := need{all: []right{rbacRight("bind", "roles", binding.RoleRef.Name)}, or: []right{{verb: "create", resource: "events"}, {verb: "patch", resource: "events"}}}
+	hb, err := bindings.Get(ctx, binding.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		create := func(dry []string) func(context.Context) error {
+			return func(ctx context.Context) error {
+				_, err := bindings.Create(ctx, binding, metav1.CreateOptions{FieldManager: FieldManager, DryRun: dry})
+				return err
+			}
+		}
+		cn := needs("create rolebinding "+name, rbacRight("create", "rolebindings", ""), rbacRight("delete", "rolebindings", binding.Name))
+		n.why = "binding role " + binding.RoleRef.Name
+		s := rbacStep{
+			change: Change{Action: "create", Kind: "rolebinding", Name: name, Detail: to},
+			line:   "create rolebinding " + name,
+			do:     create(nil), dry: create(dryAll), needs: []need{cn},
+			undo: func(ctx context.Context) error { return bindings.Delete(ctx, binding.Name, metav1.DeleteOptions{}) },
+		}
+		if roleIsNew {
+			// The API server checks the binding against the Role, which the
+			// dry run of the Role's create did not keep: the review asks it.
+			s.dry = nil
+			s.needs = append(s.needs, n)
+		}
+		return []rbacStep{s}, nil, nil
+	case err != nil:
+		return nil, nil, err
+	case !ours(hb.ObjectMeta, deployment):
+		if hb.RoleRef.Kind != "Role" || hb.RoleRef.Name != binding.RoleRef.Name || !bindsServiceAccount(hb, ns, subject.Name) {
+			return nil, []string{fmt.Sprintf("rolebinding %s is there and is not this tool's (it lacks the label %s=%s), and it does not bind role %s to serviceaccount %s/%s (it binds %s %s to %s): add that subject to it, or delete it and let install make its own", name, managedByLabel, FieldManager, binding.RoleRef.Name, ns, subject.Name, strings.ToLower(hb.RoleRef.Kind), hb.RoleRef.Name, subjectsString(hb.Subjects))}, nil
+		}
+		return []rbacStep{{
+			change: Change{Action: "keep", Kind: "rolebinding", Name: name, Detail: fmt.Sprintf("not this tool's; it binds %s: kept as it is", to)},
+			line:   "keep rolebinding " + name,
+		}}, nil, nil
+	case !equalJSON(hb.RoleRef, binding.RoleRef):
+		return replaceBinding(bindings, hb, binding, to), nil, nil
+	case !bindsServiceAccount(hb, ns, subject.Name):
+		return updateBinding(bindings, hb, subject, to), nil, nil
+	}
+	return nil, nil, nil
+}
+
+type bindingClient interface {
+	Create(context.Context, *rbacv1.RoleBinding, metav1.CreateOptions) (*rbacv1.RoleBinding, error)
+	Update(context.Context, *rbacv1.RoleBinding, metav1.UpdateOptions) (*rbacv1.RoleBinding, error)
+	Delete(context.Context, string, metav1.DeleteOptions) error
+}
+
+// updateBinding adds the pods' ServiceAccount to the install's RoleBinding
+// in place, keeping the subjects it has: the pods that run now may run as
+// another. A failed rollout puts the subjects back.
+func updateBinding(bindings bindingClient, have *rbacv1.RoleBinding, subject rbacv1.Subject, to string) []rbacStep {
+	name := have.Namespace + "/" + have.Name
+	want := have.DeepCopy()
+	want.Subjects = append(want.Subjects, subject)
+	update := func(b *rbacv1.RoleBinding, dry []string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := bindings.Update(ctx, b, metav1.UpdateOptions{FieldManager: FieldManager, DryRun: dry})
+			return err
+		}
+	}
+	n := needs("update rolebinding "+name, rbacRight("update", "rolebindings", have.Name))
+	old := have.DeepCopy()
+	return []rbacStep{{
+		change: Change{Action: "update", Kind: "rolebinding", Name: name, Detail: fmt.Sprintf("%s added, in place (it binds %s)", to, subjectsString(have.Subjects))},
+		line:   "update rolebinding " + name,
+		do:     update(want, nil), dry: update(want, dryAll), needs: []need{n},
+		undo: func(ctx context.Context) error {
+			// The object as the update left it: its resourceVersion is newer.
+			old.ResourceVersion = ""
+			return update(old, nil)(ctx)
+		},
+	}}
+}
+
+// replaceBinding replaces the install's RoleBinding that refers to
+// another role (roleRef cannot change in place): the new one is made
+// under a second name before the old one goes, then under its own name,
+// and the second name goes last, so that a binding is there throughout.
+func replaceBinding(bindings bindingClient, have, binding *rbacv1.RoleBinding, to string) []rbacStep {
+	ns := have.Namespace
+	name := ns + "/" + binding.Name
+	next := binding.DeepCopy()
+	next.Name = binding.Name + "-next"
+	create := func(b *rbacv1.RoleBinding, dry []string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := bindings.Create(ctx, b, metav1.CreateOptions{FieldManager: FieldManager, DryRun: dry})
+			if apierrors.IsAlreadyExists(err) && dry == nil {
+				return nil // an earlier run made it
+			}
+			return err
+		}
+	}
+	del := func(n string, uid *types.UID, dry []string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			err := bindings.Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: uid}, DryRun: dry})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		}
+	}
+	n := needs("replace rolebinding "+name, rbacRight("create", "rolebindings", ""), rbacRight("delete", "rolebindings", binding.Name), rbacRight("delete", "rolebindings", next.Name))
+	detail := fmt.Sprintf("%s (was %s %s to %s; roleRef cannot change in place: made anew, under %s first)", to, strings.ToLower(have.RoleRef.Kind), have.RoleRef.Name, subjectsString(have.Subjects), next.Name)
+	return []rbacStep{
+		{change: Change{Action: "replace", Kind: "rolebinding", Name: name, Detail: detail}, line: "replace rolebinding " + name, needs: []need{n},
+			do: func(ctx context.Context) error {
+				for _, f := range []func(context.Context) error{create(next, nil), del(have.Name, &have.UID, nil), create(binding, nil), del(next.Name, nil, nil)} {
+					if err := f(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			dry: func(ctx context.Context) error {
+				if err := create(next, dryAll)(ctx); err != nil {
+					return err
+				}
+				return del(have.Name, &have.UID, dryAll)(ctx)
+			}},
+	}
 }

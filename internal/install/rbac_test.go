@@ -8,7 +8,6 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // The operator's Role and RoleBinding of the names install uses, without
@@ -32,7 +31,7 @@ func operatorRBAC() (*rbacv1.Role, *rbacv1.RoleBinding) {
 func TestInstallKeepsTheOperatorsRBAC(t *testing.T) {
 	ctx := context.Background()
 	role, binding := operatorRBAC()
-	c := fake.NewClientset(deployment(), configMap(), role, binding)
+	c := newClient(deployment(), configMap(), role, binding)
 	var out bytes.Buffer
 	if err := Install(ctx, c, Options{Image: image, DryRun: true, Out: &out}); err != nil {
 		t.Fatal(err)
@@ -56,7 +55,7 @@ func TestInstallRefusesTheOperatorsRoleWithoutEvents(t *testing.T) {
 	ctx := context.Background()
 	role, binding := operatorRBAC()
 	role.Rules = role.Rules[1:]
-	c := fake.NewClientset(deployment(), configMap(), role, binding)
+	c := newClient(deployment(), configMap(), role, binding)
 	err := Install(ctx, c, Options{Image: image})
 	if !IsRefused(err) || !strings.Contains(err.Error(), "does not grant create and patch on events") {
 		t.Fatalf("install: %v, want it refused", err)
@@ -74,7 +73,7 @@ func TestInstallRefusesTheOperatorsRoleWithoutEvents(t *testing.T) {
 func TestUninstallKeepsRBACItDidNotMake(t *testing.T) {
 	ctx := context.Background()
 	role, binding := operatorRBAC()
-	c := fake.NewClientset(deployment(), configMap(), role, binding)
+	c := newClient(deployment(), configMap(), role, binding)
 	var out bytes.Buffer
 	if err := Uninstall(ctx, c, Options{Out: &out}); err != nil {
 		t.Fatal(err)
@@ -84,5 +83,86 @@ func TestUninstallKeepsRBACItDidNotMake(t *testing.T) {
 	}
 	if _, err := c.RbacV1().RoleBindings("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{}); err != nil {
 		t.Errorf("the operator's rolebinding: %v", err)
+	}
+}
+
+// Installing again where the install's RoleBinding gained a subject keeps
+// it, with its subjects, even where creating a RoleBinding is forbidden:
+// the running pods never lose their right to write events.
+func TestInstallAgainKeepsTheRoleBindingThatGainedASubject(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := c.RbacV1().RoleBindings("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	b.Subjects = append(b.Subjects, rbacv1.Subject{Kind: "User", Name: "alice"})
+	if _, err := c.RbacV1().RoleBindings("kube-system").Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	forbid(c, "create", "rolebindings")
+	forbid(c, "delete", "rolebindings")
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Options: []string{"level info warning error"}, Out: &out}); err != nil {
+		t.Errorf("install again: %v\n%s", err, out.String())
+	}
+	got, err := c.RbacV1().RoleBindings("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	if err != nil || len(got.Subjects) != 2 {
+		t.Errorf("the rolebinding after installing again: %+v, %v; want it with both subjects", got, err)
+	}
+}
+
+// Where the pods' ServiceAccount is not among the RoleBinding's subjects,
+// it is added in place: the subjects it has stay (the running pods may
+// run as one of them); a forbidden update changes nothing.
+func TestInstallUpdatesTheRoleBindingInPlace(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	d := get(t, c)
+	d.Spec.Template.Spec.ServiceAccountName = "dns"
+	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	forbid(c, "delete", "rolebindings")
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := c.RbacV1().RoleBindings("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	if len(got.Subjects) != 2 || got.Subjects[0].Name != "coredns" || got.Subjects[1].Name != "dns" {
+		t.Errorf("subjects %+v, want coredns then dns", got.Subjects)
+	}
+}
+
+// A RoleBinding of the install's that refers to another role is made
+// anew, the new one before the old one goes.
+func TestInstallReplacesARoleBindingToAnotherRoleNewFirst(t *testing.T) {
+	ctx := context.Background()
+	role, _ := rbacFor(deployment(), "coredns")
+	_, b := rbacFor(deployment(), "coredns")
+	b.RoleRef.Name = "other"
+	c := newClient(deployment(), configMap(), role, b)
+	w := writes(c)
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"create rolebindings", "delete rolebindings", "create rolebindings", "delete rolebindings"}
+	var rb []string
+	for _, x := range *w {
+		if strings.HasSuffix(x, "rolebindings") {
+			rb = append(rb, x)
+		}
+	}
+	if strings.Join(rb, ",") != strings.Join(want, ",") {
+		t.Errorf("writes of rolebindings %v, want %v", rb, want)
+	}
+	got, err := c.RbacV1().RoleBindings("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	if err != nil || got.RoleRef.Name != "coredns-k8s-event" {
+		t.Errorf("rolebinding %+v, %v", got, err)
+	}
+	if list, _ := c.RbacV1().RoleBindings("kube-system").List(ctx, metav1.ListOptions{}); len(list.Items) != 1 {
+		t.Errorf("%d rolebindings, want 1", len(list.Items))
 	}
 }

@@ -32,7 +32,7 @@ func installedThenZoneMounted(t *testing.T) *fake.Clientset {
 	t.Helper()
 	ctx := context.Background()
 	d, cm := zoneFileSetup()
-	c := fake.NewClientset(d, cm)
+	c := newClient(d, cm)
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}

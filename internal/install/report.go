@@ -31,6 +31,11 @@ type Result struct {
 	// Refused is set when the run changed nothing for a reason that
 	// --force, or the operator's own change, would settle.
 	Refused bool `json:"refused,omitempty"`
+	// Access says whether the one who runs it may make every write the
+	// run needs (an access review per verb, then a server-side dry run of
+	// each write); Missing names what is not granted or refused.
+	Access  string   `json:"access,omitempty"`
+	Missing []string `json:"missing,omitempty"`
 	// Undo is the command that puts back what a failed run changed, when
 	// the run could not.
 	Undo string `json:"undo,omitempty"`

@@ -12,7 +12,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // The dry run lists every write the run makes, in order: the ConfigMap,
@@ -26,7 +25,7 @@ func TestInstallDryRunListsEveryChange(t *testing.T) {
 	role.Rules[0].Verbs = []string{"create"}
 	cm := configMap()
 	cm.BinaryData = map[string][]byte{"site.bin": {0, 1, 2}}
-	c := fake.NewClientset(chartDefaults(), cm, stale, role)
+	c := newClient(chartDefaults(), cm, stale, role)
 	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
 
 	run := func(dry bool) Result {
@@ -74,7 +73,7 @@ func TestInstallDryRunListsEveryChange(t *testing.T) {
 // status -o json is one document with the state and the problems.
 func TestStatusJSON(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +100,7 @@ func TestStatusJSON(t *testing.T) {
 // The uninstall's dry run lists the writes the uninstall makes, in order.
 func TestUninstallDryRunListsEveryChange(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(chartDefaults(), configMap())
+	c := newClient(chartDefaults(), configMap())
 	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
 	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -145,7 +144,7 @@ func TestUninstallDryRunListsEveryChange(t *testing.T) {
 // the generated ConfigMaps no revision reads, as its dry run says.
 func TestInstallWithNothingToPatchPrunesWhatItsDryRunSays(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ func rolled(n int32) appsv1.DeploymentStatus {
 func TestInstallFailsWhenTheTemplateIsPutBackDuringTheWait(t *testing.T) {
 	ctx := context.Background()
 	stock := deployment()
-	c := fake.NewClientset(stock.DeepCopy(), configMap())
+	c := newClient(stock.DeepCopy(), configMap())
 	controller(c, func(d *appsv1.Deployment) {
 		if d.Spec.Template.Spec.Containers[0].Image == image {
 			d.Spec.Template.Spec.Containers[0].Image = stock.Spec.Template.Spec.Containers[0].Image
@@ -81,7 +81,7 @@ func chartDefaults() *appsv1.Deployment {
 func TestInstallSurgesWhereTheStrategyCouldDropReadyPods(t *testing.T) {
 	ctx := context.Background()
 	d := chartDefaults()
-	c := fake.NewClientset(d.DeepCopy(), configMap())
+	c := newClient(d.DeepCopy(), configMap())
 	var sawSurge bool
 	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
 		if ru := now.Spec.Strategy.RollingUpdate; ru != nil && ru.MaxUnavailable != nil && ru.MaxUnavailable.IntValue() == 0 && now.Spec.Template.Spec.Containers[0].Image == image {
@@ -117,7 +117,7 @@ func TestInstallSurgesWhereTheStrategyCouldDropReadyPods(t *testing.T) {
 func TestInstallPutsBackARolloutThatFails(t *testing.T) {
 	ctx := context.Background()
 	d := chartDefaults()
-	c := fake.NewClientset(d.DeepCopy(), configMap())
+	c := newClient(d.DeepCopy(), configMap())
 	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
 		if now.Spec.Template.Spec.Containers[0].Image == image {
 			// The surge pod never gets Ready; the old one stays.
@@ -143,7 +143,7 @@ func TestInstallPutsBackARolloutThatFails(t *testing.T) {
 // Deployment as it was, and gives back its lease.
 func TestInstallInterruptedDuringTheWaitIsPutBack(t *testing.T) {
 	d := chartDefaults()
-	c := fake.NewClientset(d.DeepCopy(), configMap())
+	c := newClient(d.DeepCopy(), configMap())
 	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
 		if now.Spec.Template.Spec.Containers[0].Image == image {
 			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
@@ -169,7 +169,7 @@ func TestInstallInterruptedDuringTheWaitIsPutBack(t *testing.T) {
 func TestInstallRefusesAPausedDeployment(t *testing.T) {
 	d := deployment()
 	d.Spec.Paused = true
-	c := fake.NewClientset(d, configMap())
+	c := newClient(d, configMap())
 	if err := Install(context.Background(), c, Options{Image: image}); !IsRefused(err) || !strings.Contains(err.Error(), "rollout resume") {
 		t.Errorf("install: %v", err)
 	}

@@ -46,7 +46,7 @@ func conflictOnce(c *fake.Clientset, edit func(d *appsv1.Deployment)) {
 // RoleBinding of the first attempt are taken back, as exit 5 promises.
 func TestInstallRefusedAfterAConflictLeavesNothingChanged(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	conflictOnce(c, func(d *appsv1.Deployment) { d.Spec.Paused = true })
 	var out bytes.Buffer
 	err := Install(ctx, c, Options{Image: image, Out: &out, JSON: true})
@@ -74,7 +74,7 @@ func TestInstallRefusedAfterAConflictLeavesNothingChanged(t *testing.T) {
 // report still lists the ConfigMap, Role and RoleBinding it created.
 func TestInstallReportAfterAConflictListsTheObjectsItCreated(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	conflictOnce(c, func(d *appsv1.Deployment) { d.Status.ObservedGeneration++ })
 	var out bytes.Buffer
 	if err := Install(ctx, c, Options{Image: image, Out: &out, JSON: true}); err != nil {

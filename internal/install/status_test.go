@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // componentInstall is k8s_event as the kustomize component sets it up:
@@ -33,7 +32,7 @@ func componentInstall() []runtime.Object {
 // status tells a Deployment that runs k8s_event set up by other means,
 // and install refuses to take that image for the stock one.
 func TestStatusSaysInstalledByOtherMeans(t *testing.T) {
-	c := fake.NewClientset(componentInstall()...)
+	c := newClient(componentInstall()...)
 	text, _ := statusText(t, c)
 	if strings.Contains(text, "not installed") {
 		t.Errorf("status:\n%s", text)
@@ -47,7 +46,7 @@ func TestStatusSaysInstalledByOtherMeans(t *testing.T) {
 // one the RoleBinding binds.
 func TestStatusSaysThePodsRunUnderAnotherServiceAccount(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +67,7 @@ func TestStatusSaysTheSourceConfigMapChanged(t *testing.T) {
 	ctx := context.Background()
 	cm := configMap()
 	cm.Data["NodeHosts"] = "10.0.0.5 node-a\n"
-	c := fake.NewClientset(deployment(), cm)
+	c := newClient(deployment(), cm)
 	if err := Install(ctx, c, withForce(Options{Image: image})); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +92,7 @@ func TestStatusReportsARolloutWhoseNewPodsNeverStart(t *testing.T) {
 		MaxUnavailable: ptrTo(intstr.FromInt32(0)), MaxSurge: ptrTo(intstr.FromInt32(1)),
 	}}
 	d.Status = rolled(3)
-	c := fake.NewClientset(d, configMap())
+	c := newClient(d, configMap())
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,9 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 		if p, err = r.planUninstall(ctx, c); err != nil || p.patch == nil {
 			return err
 		}
+		if err := r.uninstallRights(ctx, c, p.t.dep, p.patch); err != nil {
+			return err
+		}
 		return r.applyUninstall(ctx, c, p)
 	})
 	if err != nil {
@@ -185,8 +188,10 @@ func uninstalled(t *target) func(*appsv1.Deployment) error {
 // rbacRemoval deletes the Role and RoleBinding the install made; those of
 // the same names without its labels stay.
 func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, ns, deployment, when string) error {
-	name := deployment + "-k8s-event"
-	for _, kind := range []string{"rolebinding", "role"} {
+	base := deployment + "-k8s-event"
+	// base-next: a RoleBinding made anew by a run cut off part way.
+	for _, it := range []struct{ kind, name string }{{"rolebinding", base + "-next"}, {"rolebinding", base}, {"role", base}} {
+		kind, name := it.kind, it.name
 		var meta metav1.ObjectMeta
 		var del func() error
 		switch kind {

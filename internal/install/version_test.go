@@ -5,8 +5,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // An image on another CoreDNS release than the one the Deployment runs
@@ -16,7 +14,7 @@ import (
 func TestInstallRefusesAnotherCoreDNSRelease(t *testing.T) {
 	ctx := context.Background()
 	newer := "registry.example/coredns-k8s-event:1.15.0-0.2.0-abc"
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	var out bytes.Buffer
 	err := Install(ctx, c, Options{Image: newer, Out: &out})
 	if !IsRefused(err) {
@@ -43,7 +41,7 @@ func TestInstallRefusesAnotherCoreDNSRelease(t *testing.T) {
 // checked: the install goes on, says so, and calls the release unknown.
 func TestInstallWarnsOfUnknownRelease(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	var out bytes.Buffer
 	if err := Install(ctx, c, Options{Image: "registry.example/coredns-k8s-event@sha256:0123", DryRun: true, Out: &out}); err != nil {
 		t.Fatal(err)
@@ -59,7 +57,7 @@ func TestInstallWarnsOfUnknownRelease(t *testing.T) {
 // install.
 func TestStatusNamesCoreDNSReleases(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset(deployment(), configMap())
+	c := newClient(deployment(), configMap())
 	if err := Install(ctx, c, Options{Image: image}); err != nil {
 		t.Fatal(err)
 	}
