@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,25 +27,116 @@ const (
 	maxNameLen      = 253
 )
 
-// eventMessage makes a log line fit for an event: valid UTF-8 without NUL
-// bytes, no trailing newline, at most maxMessageBytes, cut on a rune boundary
-// with a visible marker.
+// eventMessage makes a log line fit for an event: valid UTF-8, no trailing
+// newline, its controls escaped (escapeControls), and at most
+// maxMessageBytes, cut in the middle (cutMiddle).
 func eventMessage(s string) string {
 	s = strings.TrimRight(s, "\r\n")
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if len(s) <= maxMessageBytes {
+	return cutMiddle(escapeControls(s), maxMessageBytes)
+}
+
+// escapeControls writes the control characters of s (C0 but tab, DEL, C1)
+// and the bidirectional controls (which reorder what a terminal shows) as
+// visible text, as Go quotes them: \n, \r, \x1b, \u202e. A line is
+// shown by kubectl and exporters; none of its bytes may move the cursor,
+// clear the screen or turn the text around. Backslashes are left alone:
+// CoreDNS's escapes in names (\DDD, \.) read as they did in the log.
+func escapeControls(s string) string {
+	i := indexHidden(s)
+	if i < 0 {
 		return s
 	}
-	cut := maxMessageBytes - len(truncMarker)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
+	b := make([]byte, 0, len(s)+16)
+	for _, r := range s[i:] {
+		switch {
+		case !hidden(r):
+			b = utf8.AppendRune(b, r)
+		case r == '\n':
+			b = append(b, `\n`...)
+		case r == '\r':
+			b = append(b, `\r`...)
+		case r < utf8.RuneSelf:
+			b = fmt.Appendf(b, `\x%02x`, r)
+		default:
+			b = fmt.Appendf(b, `\u%04x`, r)
+		}
 	}
-	return s[:cut] + truncMarker
+	return s[:i] + string(b)
+}
+
+// indexHidden is strings.IndexFunc(s, hidden), without a call per
+// printable byte of ASCII.
+func indexHidden(s string) int {
+	for i := 0; i < len(s); {
+		if c := s[i]; c-' ' < utf8.RuneSelf-1-' ' || c == '\t' {
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if hidden(r) {
+			return i
+		}
+		i += n
+	}
+	return -1
+}
+
+func hidden(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r < ' ' && r != '\t' || r == utf8.RuneSelf-1
+	}
+	return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
+}
+
+// cutMarker stands for the middle of a message cut by cutMiddle.
+const cutMarker = " ...(cut)... "
+
+// cutMiddle keeps the start and the end of s, at most limit bytes in all
+// with cutMarker between them: an error's cause usually ends its line
+// ("... i/o timeout"). The cuts fall between runes and outside escapes.
+func cutMiddle(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	room := limit - len(cutMarker)
+	head := room / 2
+	for head > 0 && !boundary(s, head) {
+		head--
+	}
+	tail := len(s) - (room - head)
+	for !boundary(s, tail) {
+		tail++
+	}
+	return s[:head] + cutMarker + s[tail:]
+}
+
+// boundary tells whether s may be cut at i: between two runes, and not
+// inside an escape of escapeControls (\xHH, \uHHHH, \n) or of CoreDNS
+// (\DDD, \.).
+func boundary(s string, i int) bool {
+	if i == len(s) {
+		return true
+	}
+	if !utf8.RuneStart(s[i]) {
+		return false
+	}
+	for k := i - 1; k >= max(i-5, 0); k-- {
+		if s[k] != '\\' || k+1 == len(s) {
+			continue
+		}
+		n := 2
+		switch c := s[k+1]; {
+		case c == 'u':
+			n = 6
+		case c == 'x', c >= '0' && c <= '9':
+			n = 4
+		}
+		return k+n <= i
+	}
+	return true
 }
 
 // writeSpec is what one write says of an event: a snapshot of its entry.

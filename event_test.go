@@ -1,12 +1,15 @@
 package k8s_event
 
 import (
+	"bytes"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
+	"github.com/miekg/dns"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -108,15 +111,26 @@ func TestEventMessage(t *testing.T) {
 		{"percent", "plugin/errors: 100%d done %s", "plugin/errors: 100%d done %s"},
 		{"trailing newline", "plugin/errors: x\n", "plugin/errors: x"},
 		{"trailing newlines", "plugin/errors: x\n\n", "plugin/errors: x"},
-		{"inner newline", "a\nb", "a\nb"},
+		{"inner newline", "a\nb", `a\nb`},
+		{"inner CR", "a\rb", `a\rb`},
+		{"ESC", "a\x1b[2Jb", `a\x1b[2Jb`},
+		{"BS", "ab\bc", `ab\x08c`},
+		{"BEL", "a\ab", `a\x07b`},
+		{"DEL", "a\x7fb", `a\x7fb`},
+		{"C1", "a\u0085b\u009bc", `a\u0085b\u009bc`},
+		{"tab", "a\tb", "a\tb"},
+		{"right-to-left override", "a\u202eb", `a\u202eb`},
+		{"bidi controls", "\u061c\u200e\u200f\u202a\u2066\u2069", `\u061c\u200e\u200f\u202a\u2066\u2069`},
+		{"CoreDNS's escapes", `plugin/errors: 2 a\001\.b. A: i/o timeout`, `plugin/errors: 2 a\001\.b. A: i/o timeout`},
+		{"not controls", "é日😀\u00a0\u200b", "é日😀\u00a0\u200b"},
 		{"invalid UTF-8", "a\xffb", "a\uFFFDb"},
 		{"invalid UTF-8 run", "a\xff\xfe\xfdb", "a\uFFFDb"},
 		{"truncated rune", "a\xe6\x97", "a\uFFFD"},
-		{"NUL", "a\x00b", "a\uFFFDb"},
-		{"NULs and invalid UTF-8", "\x00\xff\x00", "\uFFFD\uFFFD\uFFFD"},
+		{"NUL", "a\x00b", `a\x00b`},
+		{"NULs and invalid UTF-8", "\x00\xff\x00", `\x00` + "\uFFFD" + `\x00`},
 		{"exactly the limit", strings.Repeat("x", maxMessageBytes), strings.Repeat("x", maxMessageBytes)},
 		{"the limit and a newline", strings.Repeat("x", maxMessageBytes) + "\n", strings.Repeat("x", maxMessageBytes)},
-		{"one over the limit", strings.Repeat("x", maxMessageBytes+1), strings.Repeat("x", maxMessageBytes-len(truncMarker)) + truncMarker},
+		{"one over the limit", strings.Repeat("x", maxMessageBytes+1), strings.Repeat("x", (maxMessageBytes-len(cutMarker))/2) + cutMarker + strings.Repeat("x", maxMessageBytes-len(cutMarker)-(maxMessageBytes-len(cutMarker))/2)},
 	}
 	for _, test := range tests {
 		if got := eventMessage(test.input); got != test.expected {
@@ -125,7 +139,9 @@ func TestEventMessage(t *testing.T) {
 	}
 }
 
-func TestEventMessageTruncated(t *testing.T) {
+// TestEventMessageCutInTheMiddle: a message over the limit keeps its
+// start and its end, cut between runes, with the marker between them.
+func TestEventMessageCutInTheMiddle(t *testing.T) {
 	tests := []struct {
 		name  string
 		input string
@@ -140,34 +156,74 @@ func TestEventMessageTruncated(t *testing.T) {
 	}
 	for _, test := range tests {
 		got := eventMessage(test.input)
-		if len(got) > maxMessageBytes {
-			t.Errorf("%s: expected at most %d bytes, got %d", test.name, maxMessageBytes, len(got))
-		}
-		if len(got) < maxMessageBytes-(utf8.UTFMax-1) {
-			t.Errorf("%s: expected the cut to lose less than a rune, got %d bytes", test.name, len(got))
-		}
-		if !utf8.ValidString(got) {
-			t.Errorf("%s: expected valid UTF-8, got %q", test.name, got[len(got)-len(truncMarker)-8:])
-		}
-		kept, ok := strings.CutSuffix(got, truncMarker)
-		if !ok {
-			t.Errorf("%s: expected the message to end with %q, got %q", test.name, truncMarker, got[max(0, len(got)-20):])
-		}
-		if !strings.HasPrefix(test.input, kept) {
-			t.Errorf("%s: expected the kept part to be a prefix of the input", test.name)
+		checkCut(t, test.name, strings.TrimRight(test.input, "\n"), got)
+	}
+}
+
+// checkCut checks that got is whole cut in the middle: at most
+// maxMessageBytes of valid UTF-8 and less than a rune or an escape on
+// either side short of it, the start of whole and its end around cutMarker.
+func checkCut(t *testing.T, name, whole, got string) (head, tail string) {
+	t.Helper()
+	if len(got) > maxMessageBytes || len(got) < maxMessageBytes-10 {
+		t.Errorf("%s: %d bytes, want at most %d and less than an escape on either side short of it", name, len(got), maxMessageBytes)
+	}
+	if !utf8.ValidString(got) {
+		t.Errorf("%s: not valid UTF-8: %q", name, got)
+	}
+	head, tail, ok := strings.Cut(got, cutMarker)
+	if !ok || !strings.HasPrefix(whole, head) || !strings.HasSuffix(whole, tail) {
+		t.Errorf("%s: want the start of the line, %q and its end, got %.40q...%.40q", name, cutMarker, got, got[max(len(got)-40, 0):])
+	}
+	return head, tail
+}
+
+// TestEventMessageKeepsTheCause: a name of 255 bytes that CoreDNS prints
+// with an escape each (1004 characters) leaves the cause at the end of the
+// line in the message, and the cut splits none of the escapes.
+func TestEventMessageKeepsTheCause(t *testing.T) {
+	var wire []byte
+	for _, n := range []int{63, 63, 63, 61} {
+		wire = append(append(wire, byte(n)), bytes.Repeat([]byte{1}, n)...)
+	}
+	name, _, err := dns.UnpackDomainName(append(wire, 0), 0)
+	if err != nil || len(name) != 1004 {
+		t.Fatalf("name of %d characters (%v), want 1004", len(name), err)
+	}
+	line := "plugin/errors: 2 " + name + " A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout"
+	head, tail := checkCut(t, "255-byte name", line, eventMessage(line))
+	if !strings.HasPrefix(head, "plugin/errors: 2 \\001") || !strings.HasSuffix(tail, "A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout") {
+		t.Errorf("lost the start or the cause: %q ... %q", head, tail)
+	}
+	for _, part := range []string{strings.TrimPrefix(head, "plugin/errors: 2 "), strings.TrimSuffix(tail, " A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout")} {
+		if rest := strings.NewReplacer(`\001`, "", ".", "").Replace(part); rest != "" {
+			t.Errorf("an escape was cut: %q keeps %q", part, rest)
 		}
 	}
 }
 
-// NUL bytes grow threefold into U+FFFD: the limit holds after replacing.
-func TestEventMessageReplacedThenTruncated(t *testing.T) {
-	for _, input := range []string{strings.Repeat("\x00", 1000), strings.Repeat("a\xff", 1000)} {
+// TestControlCharactersReachTheAPIEscaped: a line that would move the
+// cursor, clear the screen or turn the text around in kubectl's output
+// reaches the API as visible text.
+func TestControlCharactersReachTheAPIEscaped(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
+	h.observe(ln(levelError, "errors", "2 a.example. A: \x1b[2J\r\n\b\a\u202eexample.org\n", clk.Now()))
+	drain(h)
+	if got, want := only(t, events(t, api)).Message, `plugin/errors: 2 a.example. A: \x1b[2J\r\n\x08\x07\u202eexample.org`; got != want {
+		t.Errorf("message %q, want %q", got, want)
+	}
+}
+
+// Controls grow fourfold into escapes: the limit holds after escaping, and
+// the cut splits no escape.
+func TestEventMessageEscapedThenCut(t *testing.T) {
+	for _, input := range []string{strings.Repeat("\x00", 1000), strings.Repeat("a\xff", 1000), strings.Repeat("\u202e", 1000), strings.Repeat("\x1bé", 1000)} {
 		got := eventMessage(input)
-		if len(got) > maxMessageBytes || !utf8.ValidString(got) || strings.IndexByte(got, 0) >= 0 {
-			t.Errorf("%.20q: expected at most %d bytes of valid UTF-8 without NUL, got %d bytes", input, maxMessageBytes, len(got))
-		}
-		if !strings.HasSuffix(got, truncMarker) {
-			t.Errorf("%.20q: expected the message to end with %q", input, truncMarker)
+		head, tail := checkCut(t, fmt.Sprintf("%.12q", input), escapeControls(strings.ToValidUTF8(input, "\uFFFD")), got)
+		for _, part := range []string{head, tail} {
+			if rest := strings.NewReplacer(`\x00`, "", `\u202e`, "", `\x1b`, "", "é", "", "a\uFFFD", "").Replace(part); rest != "" && rest != "a" && rest != "\uFFFD" {
+				t.Errorf("%.12q: an escape or a rune was cut: %q", input, rest)
+			}
 		}
 	}
 }
@@ -256,5 +312,21 @@ func TestEventNamesLong(t *testing.T) {
 			}
 			got[name] = true
 		}
+	}
+}
+
+// BenchmarkEventMessage: what the scheduler's goroutine pays to make a
+// message of a line, ordinary or full of controls.
+func BenchmarkEventMessage(b *testing.B) {
+	for _, bm := range []struct{ name, line string }{
+		{"ordinary", "plugin/errors: 2 a.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout"},
+		{"controls", "plugin/errors: 2 a.example.org. A: \x1b[2J\r\n\u202e: i/o timeout"},
+		{"long", "plugin/errors: 2 " + strings.Repeat(`\001`, 300) + " A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout"},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			for range b.N {
+				eventMessage(bm.line)
+			}
+		})
 	}
 }

@@ -70,7 +70,10 @@ func FuzzEventMessage(f *testing.F) {
 		if len(msg) > maxMessageBytes {
 			t.Errorf("%q: message has %d bytes, more than %d", s, len(msg), maxMessageBytes)
 		}
-		clean := len(s) <= maxMessageBytes && utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 && !strings.HasSuffix(s, "\n")
+		if strings.IndexFunc(msg, hidden) >= 0 {
+			t.Errorf("%q: message has a control character: %q", s, msg)
+		}
+		clean := len(s) <= maxMessageBytes && utf8.ValidString(s) && strings.IndexFunc(s, hidden) < 0
 		if clean && msg != s {
 			t.Errorf("%q: expected the message unchanged, got %q", s, msg)
 		}
