@@ -34,7 +34,7 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 		return d, nil
 	}
 	found := map[string]appsv1.Deployment{}
-	for _, sel := range []string{"k8s-app=kube-dns", "app.kubernetes.io/name=coredns"} {
+	for _, sel := range selectors() {
 		list, err := c.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
 			return nil, fmt.Errorf("looking for CoreDNS in namespace %q: %w", ns, err)
@@ -45,7 +45,7 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 	}
 	switch len(found) {
 	case 0:
-		return nil, fmt.Errorf("no Deployment labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns in namespace %q: name it with --deployment (and --namespace)", ns)
+		return nil, fmt.Errorf("no Deployment labelled %s in namespace %q: name it with --deployment (and --namespace)", strings.Join(selectors(), " or "), ns)
 	case 1:
 		for _, d := range found {
 			return &d, nil

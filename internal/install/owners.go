@@ -3,6 +3,7 @@ package install
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -14,10 +15,10 @@ import (
 // otherOwners says who else keeps the Deployment as they want it, and so
 // would put back, or conflict with, what an install changes: each reason
 // with the path that fits.
-func otherOwners(d *appsv1.Deployment, t *target) []string {
+func otherOwners(d *appsv1.Deployment, t *target, l *layout) []string {
 	var reasons []string
 	ref := fmt.Sprintf("deployment %s/%s", d.Namespace, d.Name)
-	if d.Labels["addonmanager.kubernetes.io/mode"] == "Reconcile" {
+	if d.Labels[reconcileLabel] == "Reconcile" && !slices.Contains(l.inertLabels, reconcileLabel) {
 		reasons = append(reasons, ref+" is an addon in Reconcile mode (label addonmanager.kubernetes.io/mode: Reconcile): the addon manager puts back its manifest within a minute; change the addon's manifest on the control plane, or set the label to EnsureExists first")
 	}
 	if rel := d.Annotations["meta.helm.sh/release-name"]; rel != "" || d.Labels["app.kubernetes.io/managed-by"] == "Helm" {

@@ -69,17 +69,21 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 	if err != nil {
 		return nil, err
 	}
-	refuse := r.ownerRefusals(t)
 	orig := t.current()
+	src, err := sourceConfigMap(ctx, c, t, orig)
+	if err != nil {
+		return nil, err
+	}
+	l, err := r.layout(t, src)
+	if err != nil {
+		return nil, err
+	}
+	refuse := r.ownerRefusals(t, l)
 	more, err := r.checkRelease(t, orig.Image)
 	if err != nil {
 		return nil, err
 	}
 	refuse = append(refuse, more...)
-	src, err := sourceConfigMap(ctx, c, t, orig)
-	if err != nil {
-		return nil, err
-	}
 	if err := otherInstall(t, src); err != nil {
 		return nil, err
 	}
@@ -104,10 +108,10 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 
 // ownerRefusals are why the install must leave the Deployment alone:
 // another owner keeps it (with Force, a warning), or it is paused.
-func (r *run) ownerRefusals(t *target) []string {
+func (r *run) ownerRefusals(t *target, l *layout) []string {
 	d := t.dep
 	var refuse []string
-	for _, why := range otherOwners(d, t) {
+	for _, why := range otherOwners(d, t, l) {
 		if r.o.Force {
 			r.warn("--force: " + why)
 		} else {
@@ -133,18 +137,37 @@ func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, ori
 	return src, nil
 }
 
+// layout tells the Deployment's layout, and refuses the layouts the tool
+// leaves alone.
+func (r *run) layout(t *target, src *corev1.ConfigMap) (*layout, error) {
+	l := layoutOf(t.dep, src.Data[t.key])
+	r.res.Layout = l.name
+	if l.refused != "" {
+		return nil, &RefusedError{[]string{fmt.Sprintf("deployment %s/%s: %s", t.dep.Namespace, t.dep.Name, l.refused)}}
+	}
+	if l.warning != "" {
+		r.warn(l.warning)
+	}
+	return l, nil
+}
+
 // extraKeyRefusals are why a key of the operator's ConfigMap that another
 // controller keeps current must not be copied (with Force, a warning).
 func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
-	if _, ok := src.Data["NodeHosts"]; !ok || !mounts(orig.Volume, "NodeHosts") {
-		return nil
+	var refuse []string
+	for _, key := range extraKeys() {
+		if _, ok := src.Data[key]; !ok || !mounts(orig.Volume, key) {
+			continue
+		}
+		who := extraKeyOwner(key)
+		why := fmt.Sprintf("ConfigMap %s/%s has the key %s, which %s rewrites as nodes come and go: the pods would read a copy made now, which goes stale (status tells when it has)", src.Namespace, src.Name, key, who)
+		if r.o.Force {
+			r.warn("--force: " + why)
+			continue
+		}
+		refuse = append(refuse, why+"; on "+who+", disable the packaged CoreDNS (--disable coredns) and run your own")
 	}
-	why := fmt.Sprintf("ConfigMap %s/%s has the key NodeHosts, which k3s rewrites as nodes come and go: the pods would read a copy made now, which goes stale (status tells when it has)", src.Namespace, src.Name)
-	if r.o.Force {
-		r.warn("--force: " + why)
-		return nil
-	}
-	return []string{why + "; on k3s, disable the packaged CoreDNS (--disable coredns) and run your own"}
+	return refuse
 }
 
 // planConfigMap is the ConfigMap the pods will read: the operator's, with

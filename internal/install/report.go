@@ -11,6 +11,8 @@ type Result struct {
 	Command    string `json:"command"`
 	DryRun     bool   `json:"dryRun"`
 	Deployment string `json:"deployment,omitempty"`
+	// Layout is how the cluster runs CoreDNS (see StatusReport.Layout).
+	Layout string `json:"layout,omitempty"`
 	// ImageBefore and ImageAfter are the CoreDNS images before and after.
 	ImageBefore string `json:"imageBefore,omitempty"`
 	ImageAfter  string `json:"imageAfter,omitempty"`

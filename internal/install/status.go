@@ -25,6 +25,9 @@ const (
 // Out as one JSON document.
 type StatusReport struct {
 	Deployment string `json:"deployment"`
+	// Layout is how the cluster runs CoreDNS: kubeadm, the CoreDNS helm
+	// chart, k3s, and so on, or custom.
+	Layout string `json:"layout"`
 	// State is one of installed, not installed, partly undone, or
 	// installed by other means.
 	State string `json:"state"`
@@ -98,7 +101,6 @@ func newStatusReport(t *target) *StatusReport {
 		Deployment: d.Namespace + "/" + d.Name, State: StateNotInstalled, Image: ctr.Image, CoreDNS: release(ctr.Image),
 		ConfigMap: spec.Volumes[t.volume].ConfigMap.Name, Key: t.key, Variables: []string{},
 		Replicas: ptrOr(d.Spec.Replicas, 1), Ready: d.Status.ReadyReplicas, Available: d.Status.AvailableReplicas, RolledOut: RolledOut(d),
-		Owners: otherOwners(d, t),
 	}
 	s.ServiceAccount = spec.ServiceAccountName
 	if s.ServiceAccount == "" {
@@ -126,6 +128,15 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 		s.problem("configmap %s, which the pods read, is missing: new pods cannot start; run install again (or uninstall)", s.ConfigMap)
 	case err != nil:
 		return err
+	}
+	corefile := ""
+	if read != nil {
+		corefile = read.Data[t.key]
+	}
+	l := layoutOf(t.dep, corefile)
+	s.Layout, s.Owners = l.name, otherOwners(t.dep, t, l)
+	if l.refused != "" {
+		s.Owners = append(s.Owners, l.refused)
 	}
 	switch {
 	case t.rec != nil:
@@ -156,8 +167,10 @@ func (s *StatusReport) checkSource(ctx context.Context, c kubernetes.Interface, 
 		return err
 	case contentHash(src.Data, src.BinaryData) != hash:
 		what := "its content"
-		if _, ok := src.Data["NodeHosts"]; ok {
-			what = "its content (k3s rewrites NodeHosts as nodes come and go)"
+		for _, key := range extraKeys() {
+			if _, ok := src.Data[key]; ok {
+				what = fmt.Sprintf("its content (%s rewrites %s as nodes come and go)", extraKeyOwner(key), key)
+			}
 		}
 		s.problem("configmap %s changed since the install (%s): the pods read the copy made then; run install again to roll them to it", s.BeforeConfigMap, what)
 	}
@@ -168,38 +181,25 @@ func (s *StatusReport) checkSource(ctx context.Context, c kubernetes.Interface, 
 // let the pods write events.
 func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) error {
 	ns, name := d.Namespace, d.Name+"-k8s-event"
-	s.Role, s.RoleBinding = "absent", "absent"
 	role, err := c.RbacV1().Roles(ns).Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case err == nil:
-		s.Role = "present"
-		if !ours(role.ObjectMeta, d.Name) {
-			s.Role = "not this tool's"
-		}
-	case !apierrors.IsNotFound(err):
+	if s.Role, err = presence(err, func() metav1.ObjectMeta { return role.ObjectMeta }, d.Name); err != nil {
 		return err
 	}
 	binding, err := c.RbacV1().RoleBindings(ns).Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case err == nil:
-		s.RoleBinding = "present"
-		if !ours(binding.ObjectMeta, d.Name) {
-			s.RoleBinding = "not this tool's"
-		}
-	case !apierrors.IsNotFound(err):
+	if s.RoleBinding, err = presence(err, func() metav1.ObjectMeta { return binding.ObjectMeta }, d.Name); err != nil {
 		return err
 	}
 	if s.State != StateInstalled && s.State != StatePartlyUndone {
 		return nil
 	}
 	switch {
-	case role == nil || s.Role == "absent":
+	case s.Role == "absent":
 		s.problem("role %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
 	case !grantsEvents(role.Rules):
 		s.problem("role %s/%s does not grant create and patch on events: k8s_event gets 403; run install again", ns, name)
 	}
 	switch {
-	case binding == nil || s.RoleBinding == "absent":
+	case s.RoleBinding == "absent":
 		s.problem("rolebinding %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
 	case !bindsServiceAccount(binding, ns, s.ServiceAccount):
 		s.problem("rolebinding %s/%s binds %s, but the pods run as serviceaccount %s/%s: k8s_event gets 403 on events; run install again", ns, name, subjectsString(binding.Subjects), ns, s.ServiceAccount)
@@ -225,7 +225,7 @@ func (s *StatusReport) checkRollout(ctx context.Context, c kubernetes.Interface,
 
 func (s *StatusReport) print(o *Options) {
 	p := func(format string, args ...any) { fmt.Fprintf(o.Out, format, args...) }
-	p("deployment %s: k8s_event %s\n", s.Deployment, s.State)
+	p("deployment %s (%s): k8s_event %s\n", s.Deployment, s.Layout, s.State)
 	p("  image %s (CoreDNS %s)\n", s.Image, s.CoreDNS)
 	p("  Corefile: configmap %s, key %s\n", s.ConfigMap, s.Key)
 	p("  downward-API variables: %s\n", strings.Join(s.Variables, " "))
@@ -244,4 +244,18 @@ func (s *StatusReport) print(o *Options) {
 	for _, w := range s.Problems {
 		p("  problem: %s\n", w)
 	}
+}
+
+// presence says whether an object the install makes is there (err is its
+// read's), and whether it carries the install's labels.
+func presence(err error, meta func() metav1.ObjectMeta, deployment string) (string, error) {
+	switch {
+	case apierrors.IsNotFound(err):
+		return "absent", nil
+	case err != nil:
+		return "", err
+	case !ours(meta(), deployment):
+		return "not this tool's", nil
+	}
+	return "present", nil
 }
