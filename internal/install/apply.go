@@ -75,7 +75,7 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 			}
 		}
 		if p.strategy != nil && o.DryRun {
-			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, When: "after the rollout", Detail: "strategy back to " + strategyString(d.Spec.Strategy)},
+			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, When: "after the rollout", Detail: "strategy back to " + strategyString(p.before.Spec.Strategy)},
 				fmt.Sprintf("after the rollout, patch deployment %s/%s", ns, d.Name))
 		}
 	}

@@ -159,7 +159,7 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	if err != nil || o.DryRun {
 		return err
 	}
-	if p.patch == nil {
+	if p.patch == nil && !p.finish {
 		// Nothing rolls: prune what the dry run said it would.
 		return r.prune(ctx, c, p.d.Namespace, p.d.Name, p.gen.Name)
 	}
@@ -175,7 +175,7 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 		}
 		return nil
 	}
-	return r.rollout(ctx, c, p.d, p.strategy, verify, p.gen)
+	return r.rollout(ctx, c, p.before, p.strategy, verify, p.gen)
 }
 
 // lockDeployment finds the Deployment and takes the lock that keeps other
@@ -192,6 +192,6 @@ func lockDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (un
 	if o.DryRun {
 		return func() {}, leaseHeld(ctx, c, d.Namespace, d.Name), nil
 	}
-	unlock, err = lock(ctx, c, d.Namespace, d.Name, 2*o.Wait+2*time.Minute)
+	unlock, err = lock(ctx, c, d.Namespace, d.Name)
 	return unlock, "", err
 }

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"os"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -128,5 +131,65 @@ func TestInstallCutOffBeforeThePatchTakesBackWhatItCreated(t *testing.T) {
 				t.Errorf("the patch went through, but configmap %s, which the pods read: %v", vol, err)
 			}
 		}
+	}
+}
+
+// TestMain shortens the Lease's times for the tests that do not measure
+// them: a run waits out another's Lease for its duration.
+func TestMain(m *testing.M) {
+	leaseTimes = leaseTiming{duration: time.Second, renew: 100 * time.Millisecond, poll: 20 * time.Millisecond}
+	os.Exit(m.Run())
+}
+
+// otherRunsLease is a Lease another run holds, written by a machine whose
+// clock is off from this one's by skew.
+func otherRunsLease(skew time.Duration) *coordinationv1.Lease {
+	l := newLease("kube-system", "coredns-k8s-event", "coredns")
+	at := metav1.NewMicroTime(time.Now().Add(skew))
+	l.Spec.AcquireTime, l.Spec.RenewTime = &at, &at
+	return l
+}
+
+// A Lease that its run keeps renewing is refused, however far behind the
+// clock of the machine that renews it: its renewTime says nothing to this
+// machine's clock; that it changes does.
+func TestLeaseRenewedByALiveRunIsRefusedWhateverItsClock(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(deployment(), configMap(), otherRunsLease(-time.Hour))
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(leaseTimes.renew):
+			}
+			l, err := c.CoordinationV1().Leases("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+			if err != nil {
+				continue
+			}
+			at := metav1.NewMicroTime(time.Now().Add(-time.Hour + time.Duration(i)*time.Millisecond))
+			l.Spec.RenewTime = &at
+			_, _ = c.CoordinationV1().Leases("kube-system").Update(ctx, l, metav1.UpdateOptions{})
+		}
+	}()
+	if err := Install(ctx, c, Options{Image: image}); !IsRefused(err) || !strings.Contains(err.Error(), "another kubectl k8s-event run") {
+		t.Errorf("install while another run renews its lease: %v, want it refused", err)
+	}
+}
+
+// A Lease nobody renews is taken over once it has stayed unchanged for
+// its duration on this machine's clock, even when the clock of the
+// machine that wrote it runs ahead.
+func TestLeaseOfAKilledRunIsTakenOverAfterItsDuration(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(deployment(), configMap(), otherRunsLease(time.Hour))
+	start := time.Now()
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatalf("install after a killed run: %v", err)
+	}
+	if took := time.Since(start); took < leaseTimes.duration {
+		t.Errorf("the lease was taken over after %v, before its duration %v", took, leaseTimes.duration)
 	}
 }

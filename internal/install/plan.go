@@ -59,7 +59,13 @@ type installPlan struct {
 	rbac     []rbacStep
 	patch    *patch
 	strategy *appsv1.DeploymentStrategy // temporary, for the rollout; nil: the operator's
-	prunes   []string
+	// before is the Deployment as the operator has it (operatorView);
+	// finish, that the template is installed already but a run cut off
+	// during its rollout left its temporary strategy: the rollout is
+	// waited for, and the operator's strategy put back.
+	before *appsv1.Deployment
+	finish bool
+	prunes []string
 }
 
 // planInstall works out what the install changes, and refuses what it
@@ -274,11 +280,16 @@ func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap)
 // It returns why the rollout must not start.
 func (r *run) planStrategy(p *installPlan, want *appsv1.Deployment) []string {
 	d, o := p.d, r.o
+	p.before = operatorView(d)
 	if equality.Semantic.DeepEqual(d.Spec.Template, want.Spec.Template) {
 		r.res.Rollout = "none: the Deployment has k8s_event already"
+		if p.before != d {
+			p.finish, p.strategy = true, d.Spec.Strategy.DeepCopy()
+			r.res.Rollout = "none to start: " + interruptedRollout(d)
+		}
 		return nil
 	}
-	tmp, avail := safeRollout(d)
+	tmp, avail := safeRollout(p.before)
 	r.res.Rollout = avail
 	var refuse []string
 	if tmp != nil && o.Wait <= 0 {
@@ -291,10 +302,8 @@ func (r *run) planStrategy(p *installPlan, want *appsv1.Deployment) []string {
 		tmp = nil
 		r.res.Rollout = "with the Deployment's own strategy (--force)"
 	}
-	if tmp != nil {
-		want.Spec.Strategy = *tmp
-		p.strategy = tmp
-	}
+	setRolloutStrategy(want, p.before.Spec.Strategy, tmp)
+	p.strategy = tmp
 	return refuse
 }
 

@@ -85,7 +85,7 @@ func strategyPatch(s appsv1.DeploymentStrategy) []byte {
 	if s.Type == "" {
 		m["type"] = nil
 	}
-	b, _ := json.Marshal(map[string]any{"spec": map[string]any{"strategy": m}})
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{StrategyAnnotation: nil}}, "spec": map[string]any{"strategy": m}})
 	return b
 }
 

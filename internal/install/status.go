@@ -210,6 +210,12 @@ func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d 
 // checkRollout finds pods that are not Ready and a rollout that does not
 // progress.
 func (s *StatusReport) checkRollout(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) {
+	if why := interruptedRollout(d); why != "" {
+		if held := leaseHeld(ctx, c, d.Namespace, d.Name); held != "" {
+			why += " (unless that run still runs: " + held + ")"
+		}
+		s.problem("%s", why)
+	}
 	if why := podTrouble(ctx, c, d); len(why) > 0 {
 		s.problem("pods not Ready: %s", strings.Join(why, "; "))
 	}

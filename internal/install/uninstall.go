@@ -59,7 +59,7 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	}
 	d := p.t.dep
 	if p.patched {
-		if err := r.rollout(ctx, c, d, p.tmp, uninstalled(p.t), nil); err != nil {
+		if err := r.rollout(ctx, c, operatorView(d), p.tmp, uninstalled(p.t), nil); err != nil {
 			return err
 		}
 	} else if err := r.prune(ctx, c, d.Namespace, d.Name, ""); err != nil {
@@ -79,6 +79,15 @@ func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*unins
 	d := t.dep
 	if r.o.DryRun {
 		r.printf("# dry run: nothing is changed\n")
+	}
+	if t.rec == nil && operatorView(d) != d {
+		// An uninstall cut off during its rollout: the operator's
+		// strategy goes back.
+		want := d.DeepCopy()
+		setRolloutStrategy(want, operatorView(d).Spec.Strategy, nil)
+		r.res.Rollout = interruptedRollout(d)
+		p.patch, err = deploymentPatch(d, want)
+		return p, err
 	}
 	if t.rec == nil {
 		r.change(Change{Action: "keep", Kind: "deployment", Name: d.Namespace + "/" + d.Name, Detail: "k8s_event was not installed by this tool"}, fmt.Sprintf("deployment %s/%s does not have k8s_event", d.Namespace, d.Name))
@@ -115,7 +124,8 @@ func (r *run) uninstallTemplate(t *target) *appsv1.Deployment {
 // for the install.
 func (r *run) uninstallStrategy(p *uninstallPlan, want *appsv1.Deployment) error {
 	o := r.o
-	tmp, avail := safeRollout(p.t.dep)
+	base := operatorView(p.t.dep)
+	tmp, avail := safeRollout(base)
 	r.res.Rollout = avail
 	if tmp != nil && o.Wait <= 0 {
 		why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 uninstall does not wait, so it could not put back a temporary strategy", avail)
@@ -125,9 +135,7 @@ func (r *run) uninstallStrategy(p *uninstallPlan, want *appsv1.Deployment) error
 		r.warn("--force: " + why)
 		tmp = nil
 	}
-	if tmp != nil {
-		want.Spec.Strategy = *tmp
-	}
+	setRolloutStrategy(want, base.Spec.Strategy, tmp)
 	p.tmp = tmp
 	return nil
 }
@@ -159,7 +167,7 @@ func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interfa
 		when = "after the rollout"
 	}
 	if p.tmp != nil && p.t.rec != nil {
-		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, When: when, Detail: "strategy back to " + strategyString(d.Spec.Strategy)},
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, When: when, Detail: "strategy back to " + strategyString(operatorView(d).Spec.Strategy)},
 			fmt.Sprintf("%s, patch deployment %s/%s", when, ns, name))
 	}
 	unused, err := unusedConfigMaps(ctx, c, d, "")
