@@ -13,7 +13,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
@@ -63,7 +62,7 @@ func TestLayoutsAreToldFromTheirObjects(t *testing.T) {
 	} {
 		t.Run(tc.fixture, func(t *testing.T) {
 			ctx := context.Background()
-			c := fake.NewClientset(layoutObjects(t, tc.fixture)...)
+			c := newClient(layoutObjects(t, tc.fixture)...)
 			var out bytes.Buffer
 			err := Install(ctx, c, withForce(Options{Image: image, DryRun: true, JSON: true, Out: &out, Wait: time.Minute}))
 			var res Result
@@ -94,7 +93,7 @@ func TestLayoutsAreToldFromTheirObjects(t *testing.T) {
 // manager: its Deployment is installed without --force, with a warning
 // that kubespray's next run puts its own back.
 func TestInstallOnKubesprayWarnsOfItsNextRun(t *testing.T) {
-	c := fake.NewClientset(layoutObjects(t, "kubespray")...)
+	c := newClient(layoutObjects(t, "kubespray")...)
 	var out bytes.Buffer
 	if err := Install(context.Background(), c, Options{Image: image, Out: &out, DryRun: true, Wait: time.Minute}); err != nil {
 		t.Fatalf("install: %v", err)

@@ -3,6 +3,7 @@ package install
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -98,12 +99,25 @@ func notOurs(env []corev1.EnvVar) []corev1.EnvVar {
 }
 
 // otherInstall refuses a Deployment that runs k8s_event set up by other
-// means: its image and Corefile are not the originals to record.
+// means, whole or in part (k8s_event in its Corefile and any of the four
+// variables): its image and Corefile are not the originals to record.
 func otherInstall(t *target, src *corev1.ConfigMap) error {
 	d := t.dep
 	ctr := d.Spec.Template.Spec.Containers[t.container]
-	if t.rec != nil || !HasPlugins(src.Data[t.key]) || len(notOurs(ctr.Env)) != len(ctr.Env)-len(Env) {
+	var have, missing []string
+	for _, e := range Env {
+		if slices.ContainsFunc(ctr.Env, func(v corev1.EnvVar) bool { return v.Name == e.Name }) {
+			have = append(have, e.Name)
+		} else {
+			missing = append(missing, e.Name)
+		}
+	}
+	if t.rec != nil || !HasPlugins(src.Data[t.key]) || len(have) == 0 {
 		return nil
 	}
-	return &RefusedError{[]string{fmt.Sprintf("deployment %s/%s runs k8s_event already, set up by other means (its Corefile, configmap %s, has k8s_event and its container the downward-API variables; image %s): install would take that image for the stock one; change it where it was set up (for example the kustomize component deploy/k8s_event/component)", d.Namespace, d.Name, src.Name, ctr.Image)}}
+	vars := "the downward-API variables"
+	if len(missing) > 0 {
+		vars = fmt.Sprintf("%s but not %s: a partial install", strings.Join(have, ", "), strings.Join(missing, ", "))
+	}
+	return &RefusedError{[]string{fmt.Sprintf("deployment %s/%s runs k8s_event already, set up by other means (its Corefile, configmap %s, has k8s_event and its container %s; image %s): install would take that image and Corefile for the stock ones; change it where it was set up (for example the kustomize component deploy/k8s_event/component)", d.Namespace, d.Name, src.Name, vars, ctr.Image)}}
 }

@@ -82,3 +82,23 @@ func TestUninstallKeepsAnItemTheOperatorAddedToTheConfigVolume(t *testing.T) {
 		t.Errorf("uninstall removed the item the operator added to the config volume after the install: items %+v", v.Items)
 	}
 }
+
+// A Deployment set up by hand with k8s_event in its Corefile and only some
+// of the four variables is a hand install all the same: install refuses
+// to record its image and Corefile as the originals.
+func TestInstallRefusesAPartialHandInstall(t *testing.T) {
+	d := deployment()
+	ctr := &d.Spec.Template.Spec.Containers[0]
+	ctr.Image = image
+	ctr.Env = append(ctr.Env, Env[0], Env[1])
+	cm := configMap()
+	cm.Data["Corefile"] = ".:53 {\n    errors\n    kubernetes cluster.local\n    kubeapi\n    k8s_event\n}\n"
+	c := newClient(d, cm)
+	err := Install(context.Background(), c, Options{Image: image + "-next"})
+	if !IsRefused(err) || !strings.Contains(err.Error(), "set up by other means") || !strings.Contains(err.Error(), "COREDNS_POD_UID") {
+		t.Fatalf("install over a partial hand install: %v, want it refused, naming the missing variables", err)
+	}
+	if got := get(t, c).Spec.Template.Annotations[Annotation]; got != "" {
+		t.Errorf("the refused install recorded %s", got)
+	}
+}
