@@ -5,7 +5,6 @@ go 1.25.0
 require (
 	github.com/coredns/caddy v1.1.2-0.20241029205200-8de985351a98
 	github.com/coredns/coredns v1.12.0
-	github.com/coredns/corefile-migration v1.0.29
 	github.com/coredns/kubeapi v0.0.0-20220204142012-e4e9337f0a0d
 	github.com/go-logr/logr v1.4.2
 	github.com/miekg/dns v1.1.62

@@ -59,7 +59,7 @@ func TestInstallOptionReplacesTheLineOfAnExistingBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := gen.Data["Corefile"]
-	if !strings.Contains(got, "level info warning error") || strings.Contains(got, "level error\n") || !strings.Contains(got, "rate 1 20") {
+	if want := ".:53 {\n    errors\n    kubernetes cluster.local\n    kubeapi\n    k8s_event {\n        level info warning error\n        rate 1 20\n    }\n}\n"; got != want {
 		t.Errorf("the Corefile the pods read:\n%s", got)
 	}
 }

@@ -1,8 +1,14 @@
 package install
 
 import (
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/coredns/caddy/caddyfile"
 )
 
 // custom is a Corefile as operators change kubeadm's: another cluster
@@ -54,7 +60,7 @@ func TestAddPlugins(t *testing.T) {
 		"forward . 10.1.2.3 10.1.2.4",
 		"disable denial cluster.test",
 		"    kubeapi\n",
-		"    k8s_event {\n        level info warning error\n    }",
+		"    k8s_event {\n       level info warning error\n    }",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the new Corefile lacks %q:\n%s", want, out)
@@ -65,11 +71,11 @@ func TestAddPlugins(t *testing.T) {
 	if strings.Contains(stub, "kubeapi") || strings.Contains(stub, "k8s_event") {
 		t.Errorf("the stub zone's block got the plugins:\n%s", stub)
 	}
-	// Every line of the original is there, as the parser writes it.
-	for _, l := range strings.Split(custom, "\n") {
-		if l = strings.TrimSpace(l); l != "" && !strings.Contains(out, l) {
-			t.Errorf("line %q is gone:\n%s", l, out)
-		}
+	// The original is there to the byte, with the lines inserted before
+	// the first block's closing brace.
+	at := strings.Index(custom, "}\ncorp.example")
+	if !strings.HasPrefix(out, custom[:at]) || !strings.HasSuffix(out, custom[at:]) {
+		t.Errorf("the original's bytes changed:\n%s", out)
 	}
 	// Again: nothing to add.
 	again, changed, err := AddPlugins(out, []string{"level info warning error"})
@@ -87,7 +93,7 @@ func TestAddPluginsWithoutKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "(common) {\n    errors\n}\n\nexample.org:53 {\n    import common\n    whoami\n    kubeapi\n    k8s_event\n}\n\nexample.net:53 {\n    whoami\n}\n"
+	want := "(common) {\n    errors\n}\nexample.org:53 {\n    import common\n    whoami\n    kubeapi\n    k8s_event\n}\nexample.net:53 {\n    whoami\n}\n"
 	if out != want {
 		t.Errorf("got\n%s\nwant\n%s", out, want)
 	}
@@ -95,8 +101,7 @@ func TestAddPluginsWithoutKubernetes(t *testing.T) {
 
 func TestAddPluginsRefuses(t *testing.T) {
 	for _, tc := range []struct{ in, err string }{
-		{".:53 {\n    view a {\n        expr name() == 'x'\n        deeper {\n        }\n    }\n}\n", "Corefile:4: a block nested inside a plugin's options; edit this Corefile by hand"},
-		{".:53 {\n    whoami\n", "Corefile: 1 unclosed blocks"},
+		{".:53 {\n    whoami\n", "Corefile:2 - Syntax error: Unexpected token 'whoami', expecting '}'"},
 		{".:53 {\n    whoami\n}\n}\n", "Corefile:4: unexpected }"},
 		{"", "the Corefile has no server block"},
 	} {
@@ -220,5 +225,211 @@ func TestAddPluginsIdempotent(t *testing.T) {
 	again, changed, err := AddPlugins(out, []string{"level info warning error"})
 	if err != nil || changed || again != out {
 		t.Errorf("second AddPlugins: changed %v, err %v\n%s", changed, err, Diff(out, again))
+	}
+}
+
+var update = flag.Bool("update", false, "write testdata/corefile/*.Corefile.out from what AddPlugins gives")
+
+// corpusOptions are the --option lines each Corefile of the corpus is
+// installed with; the others get none.
+var corpusOptions = map[string][]string{
+	"installed.Corefile":         {"level info warning error", "quiet 2m"},
+	"installed-oneline.Corefile": {"level warning error", "rate 5 50"},
+	"installed-bare.Corefile":    {"level error"},
+	"comments.Corefile":          {"level warning error"},
+}
+
+// Every Corefile of the corpus gets kubeapi and k8s_event and keeps every
+// other byte: the result is the one in testdata (NAME.Corefile.out, made
+// with -update and read by eye), the splices only insert or replace the
+// bytes of k8s_event option lines, every server block keeps its keys and
+// every other directive's tokens, CoreDNS's parser accepts the result,
+// and installing again changes nothing.
+func TestAddPluginsKeepsEveryByteOfTheCorpus(t *testing.T) {
+	for name, src := range corpus(t) {
+		if strings.HasPrefix(name, "refused") {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			opts := corpusOptions[name]
+			splices, err := planCorefile(src, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := applySplices(src, splices)
+			checkSplicesKeepBytes(t, src, splices)
+			checkBlocksKept(t, src, out)
+			if err := CheckCorefile(out); err != nil {
+				t.Errorf("CheckCorefile: %v\n%s", err, out)
+			}
+			again, changed, err := AddPlugins(out, opts)
+			if err != nil || changed || again != out {
+				t.Errorf("installing again: changed %v, %v\n%s", changed, err, Diff(out, again))
+			}
+			golden := filepath.Join("testdata", "corefile", name+".out")
+			if *update {
+				if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out != string(want) {
+				t.Errorf("the result differs from %s:\n%s", golden, Diff(string(want), out))
+			}
+		})
+	}
+}
+
+// checkSplicesKeepBytes fails t unless each splice inserts, replaces
+// white space before a closing brace, or replaces bytes within one line
+// of a k8s_event stanza of src.
+func checkSplicesKeepBytes(t *testing.T, src string, splices []splice) {
+	t.Helper()
+	cf, err := readCorefile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range splices {
+		if s.start == s.end || strings.TrimSpace(src[s.start:s.end]) == "" && !strings.Contains(src[s.start:s.end], "\n") && strings.HasPrefix(src[s.end:], "}") {
+			continue
+		}
+		inStanza := false
+		for _, b := range cf.blocks {
+			for _, st := range b.stanzas {
+				if cf.tokens[st.first].text == "k8s_event" && cf.tokens[st.first].start <= s.start && s.end <= cf.tokens[st.end-1].end {
+					inStanza = true
+				}
+			}
+		}
+		if !inStanza || strings.Contains(src[s.start:s.end], "\n") {
+			t.Errorf("a splice replaces %q, not a k8s_event option line", src[s.start:s.end])
+		}
+	}
+}
+
+// checkBlocksKept fails t unless out has the server blocks of src, with
+// the same keys and the same tokens for every directive but kubeapi and
+// k8s_event, and each block with kubernetes (or the first) has kubeapi
+// and k8s_event once.
+func checkBlocksKept(t *testing.T, src, out string) {
+	t.Helper()
+	parse := func(text string) []caddyfile.ServerBlock {
+		blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text)), nil)
+		if err != nil {
+			t.Fatalf("parse: %v\n%s", err, text)
+		}
+		return blocks
+	}
+	before, after := parse(src), parse(out)
+	if len(before) != len(after) {
+		t.Fatalf("%d server blocks, want %d:\n%s", len(after), len(before), out)
+	}
+	for i, b := range before {
+		a := after[i]
+		if !slices.Equal(a.Keys, b.Keys) {
+			t.Errorf("server block %v is now %v", b.Keys, a.Keys)
+		}
+		for dir, tokens := range b.Tokens {
+			if dir != "kubeapi" && dir != "k8s_event" && !slices.Equal(caddyTexts(tokens), caddyTexts(a.Tokens[dir])) {
+				t.Errorf("server block %v: %s was %q, is %q", b.Keys, dir, caddyTexts(tokens), caddyTexts(a.Tokens[dir]))
+			}
+		}
+		if len(b.Tokens["kubernetes"]) > 0 || i == 0 && !slices.ContainsFunc(before, func(b caddyfile.ServerBlock) bool { return len(b.Tokens["kubernetes"]) > 0 }) {
+			if n, m := stanzaCount(a.Tokens["kubeapi"]), stanzaCount(a.Tokens["k8s_event"]); n != 1 || m != 1 {
+				t.Errorf("server block %v has kubeapi %d times and k8s_event %d times, want once each:\n%s", a.Keys, n, m, out)
+			}
+		}
+	}
+}
+
+func caddyTexts(tokens []caddyfile.Token) []string {
+	out := make([]string, len(tokens))
+	for i, t := range tokens {
+		out[i] = t.Text
+	}
+	return out
+}
+
+// A one-line option block ("health { lameduck 5s }", "kubernetes
+// cluster.local { pods insecure }") stays as it is, in its server block:
+// kubeapi and k8s_event go into that block, and the kubernetes stanza
+// keeps every option.
+func TestAddPluginsKeepsOneLineBlocksInTheirServerBlock(t *testing.T) {
+	for _, name := range []string{"oneline-health.Corefile", "oneline-kubernetes.Corefile"} {
+		src := corpus(t)[name]
+		out, _, err := AddPlugins(src, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		blocks, err := caddyfile.Parse("Corefile", strings.NewReader(out), nil)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, out)
+		}
+		if len(blocks) != 1 || !slices.Equal(blocks[0].Keys, []string{".:53"}) {
+			t.Fatalf("%s: server blocks %d, the first %v; want .:53 alone:\n%s", name, len(blocks), blocks[0].Keys, out)
+		}
+		kube := strings.Join(caddyTexts(blocks[0].Tokens["kubernetes"]), " ")
+		if !strings.Contains(kube, "pods insecure") {
+			t.Errorf("%s: the kubernetes stanza is %q", name, kube)
+		}
+		if len(blocks[0].Tokens["kubeapi"]) != 1 || len(blocks[0].Tokens["k8s_event"]) != 1 {
+			t.Errorf("%s: kubeapi %q, k8s_event %q", name, caddyTexts(blocks[0].Tokens["kubeapi"]), caddyTexts(blocks[0].Tokens["k8s_event"]))
+		}
+		if !strings.Contains(out, "{ lameduck 5s }") && !strings.Contains(out, "{ pods insecure }") {
+			t.Errorf("%s: the one-line block is gone:\n%s", name, out)
+		}
+	}
+}
+
+// kubeapi that a server block imports from a snippet counts: the block
+// gets no second one, and CoreDNS would start.
+func TestAddPluginsCountsKubeapiFromAnImportedSnippet(t *testing.T) {
+	src := corpus(t)["kubeapi-in-snippet.Corefile"]
+	out, _, err := AddPlugins(src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(out, "kubeapi") != 1 {
+		t.Errorf("kubeapi %d times:\n%s", strings.Count(out, "kubeapi"), out)
+	}
+	if err := CheckCorefile(out); err != nil {
+		t.Errorf("CheckCorefile: %v", err)
+	}
+}
+
+// The refused Corefiles of the corpus are refused before anything is
+// written, each with what would not start and what to do.
+func TestAddPluginsRefusesWhatWouldNotStart(t *testing.T) {
+	cases := map[string]struct {
+		options []string
+		err     string
+	}{
+		"kubeapi-twice.Corefile":        {nil, "server block .:53 has kubeapi 2 times (counting the snippets it imports): kubeapi may appear once in a server block, and CoreDNS would not start; remove all but one"},
+		"k8s_event-in-snippet.Corefile": {[]string{"level info"}, "server block .:53 has k8s_event from a snippet or a file it imports, which install does not edit: set the options there, or install without --option"},
+		"unclosed.Corefile":             {nil, "Corefile:3: kubernetes is not closed"},
+		"no-braces.Corefile":            {nil, "Corefile:1: server block .:53 has no braces: add them, then install"},
+		"k8s_event-refused.Corefile":    {nil, "k8s_event: Corefile:7 - Error during parsing: level given twice"},
+	}
+	all := corpus(t)
+	for name, tc := range cases {
+		src, ok := all[filepath.Join("refused", name)]
+		if !ok {
+			t.Fatalf("no %s in the corpus", name)
+		}
+		out, _, err := AddPlugins(src, tc.options)
+		if err == nil {
+			err = CheckCorefile(out)
+		}
+		if err == nil || err.Error() != tc.err {
+			t.Errorf("%s: %v, want %q", name, err, tc.err)
+		}
+	}
+	for name := range all {
+		if _, ok := cases[strings.TrimPrefix(name, "refused"+string(filepath.Separator))]; strings.HasPrefix(name, "refused") && !ok {
+			t.Errorf("%s has no case here", name)
+		}
 	}
 }

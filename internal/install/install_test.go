@@ -116,7 +116,7 @@ func TestInstallUninstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(gen.Data["Corefile"], "k8s_event {\n        level info warning error") || !strings.Contains(gen.Data["Corefile"], "corp.example:53") {
+	if !strings.Contains(gen.Data["Corefile"], "k8s_event {\n       level info warning error") || !strings.Contains(gen.Data["Corefile"], "corp.example:53") {
 		t.Errorf("generated Corefile:\n%s", gen.Data["Corefile"])
 	}
 	if cm, _ := c.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{}); cm.Data["Corefile"] != custom {
