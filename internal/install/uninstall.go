@@ -93,12 +93,34 @@ func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*unins
 		r.change(Change{Action: "keep", Kind: "deployment", Name: d.Namespace + "/" + d.Name, Detail: "k8s_event was not installed by this tool"}, fmt.Sprintf("deployment %s/%s does not have k8s_event", d.Namespace, d.Name))
 		return p, nil
 	}
+	if err := r.checkGiveBack(ctx, c, t); err != nil {
+		return nil, err
+	}
 	want := r.uninstallTemplate(t)
 	if err := r.uninstallStrategy(p, want); err != nil {
 		return nil, err
 	}
 	p.patch, err = deploymentPatch(d, want)
 	return p, err
+}
+
+// checkGiveBack refuses, unless forced, to point the pods at a ConfigMap
+// that is gone: new pods could not start.
+func (r *run) checkGiveBack(ctx context.Context, c kubernetes.Interface, t *target) error {
+	vol := t.current().Volume
+	if vol.ConfigMap.Optional != nil && *vol.ConfigMap.Optional {
+		return nil
+	}
+	_, err := c.CoreV1().ConfigMaps(t.dep.Namespace).Get(ctx, vol.ConfigMap.Name, metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	why := fmt.Sprintf("configmap %s/%s, the Corefile install started from and uninstall would give back, is gone: the pods would not start", t.dep.Namespace, vol.ConfigMap.Name)
+	if r.o.Force {
+		r.warn("--force: " + why)
+		return nil
+	}
+	return &RefusedError{[]string{why + "; put it back (status shows its name), or --force to uninstall all the same"}}
 }
 
 // uninstallTemplate is the Deployment with what the install replaced
