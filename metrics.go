@@ -1,6 +1,9 @@
 package k8s_event
 
 import (
+	"sync/atomic"
+	"time"
+
 	"github.com/coredns/coredns/plugin"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -136,4 +139,26 @@ func init() {
 	for r := dropReason(0); r < numDropReasons; r++ {
 		droppedTotal[r] = droppedVec.WithLabelValues(r.String())
 	}
+	for l := levelDebug; l < levelFatal; l++ {
+		promauto.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: plugin.Namespace, Subsystem: subsystem, Name: "unwritten_age_seconds", ConstLabels: prometheus.Labels{"reason": l.reason()},
+			Help: "Age of the first line of the oldest event never written, by reason; 0 when none waits.",
+		}, func() float64 { return delays[l].age() })
+		promauto.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: plugin.Namespace, Subsystem: subsystem, Name: "unwritten_bound_seconds", ConstLabels: prometheus.Labels{"reason": l.reason()},
+			Help: "Longest a new line of a plugin with nothing pending waits to be written, by reason, with the plugins now waiting.",
+		}, func() float64 { return time.Duration(delays[l].bound.Load()).Seconds() })
+	}
+}
+
+// delay is what the scheduler shows of its delays for one reason.
+type delay struct{ since, bound atomic.Int64 } // unix nanoseconds (0: none), nanoseconds
+
+var delays [numLevels]delay
+
+func (d *delay) age() float64 {
+	if since := d.since.Load(); since != 0 {
+		return time.Since(time.Unix(0, since)).Seconds()
+	}
+	return 0
 }

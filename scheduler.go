@@ -235,6 +235,7 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 		reqs = s.serve(b-1, now, reqs, soon)
 	}
 	reqs = s.serve(endBucket, now, reqs, soon)
+	s.showDelays()
 	if e := s.timers.peek(); e != nil {
 		soon(e.slot.at)
 	}
@@ -296,6 +297,26 @@ func (s *scheduler) holding(b level, e *entry, now time.Time, soon func(time.Tim
 		}
 	}
 	return false
+}
+
+// showDelays sets, for each reason, the first line of the oldest event
+// never written that waits for a token, and the bound of a new line: a
+// refill for each plugin waiting, the write, and the pod's read.
+func (s *scheduler) showDelays() {
+	for l := levelDebug; l < levelFatal; l++ {
+		var since int64
+		for _, p := range s.queues[l].turns {
+			if e := p.fresh.peek(); e != nil && (since == 0 || e.first.UnixNano() < since) {
+				since = e.first.UnixNano()
+			}
+		}
+		bound := time.Duration(min(float64(max(len(s.queues[l].turns), 1))/s.set.qps, 365*24*3600)*1e9) + writeTimeout
+		if s.pod.lookup {
+			bound += writeTimeout
+		}
+		delays[l].since.Store(since)
+		delays[l].bound.Store(int64(bound))
+	}
 }
 
 // park sets the create e aside until the pod's read is back or due.

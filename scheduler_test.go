@@ -1085,3 +1085,70 @@ func BenchmarkSchedulingPass(b *testing.B) {
 		})
 	}
 }
+
+// TestUnwrittenAgeAndBoundAreShown: the gauges show the first line of the
+// oldest event never written, and the bound of a new line: a refill for
+// each plugin waiting, plus the write.
+func TestUnwrittenAgeAndBoundAreShown(t *testing.T) {
+	h, _, clk := newTestHarness(t, testConfig(all, 1.0/300, 1, 64))
+	h.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	drain(h) // A takes the one token
+	first := clk.Now().Add(time.Second)
+	clk.SetTime(first)
+	h.observe(ln(levelError, "errors", "upstream B down", first))
+	clk.Step(time.Second)
+	h.observe(ln(levelError, "forward", "upstream C down", clk.Now()))
+	drain(h)
+	d := &delays[levelError]
+	if got := time.Unix(0, d.since.Load()); !got.Equal(first) {
+		t.Errorf("oldest unwritten since %v, want B's first line at %v", got, first)
+	}
+	if got, want := time.Duration(d.bound.Load()), 2*300*time.Second+writeTimeout; got != want {
+		t.Errorf("bound %v with two plugins waiting, want %v", got, want)
+	}
+	h.advance(20 * time.Minute)
+	if since := d.since.Load(); since != 0 || delays[levelError].age() != 0 {
+		t.Errorf("oldest unwritten since %v once all are written, want none", time.Unix(0, since))
+	}
+}
+
+// TestNewLineOfQuietPluginIsWrittenWithinOneRefillDespiteBacklog: one
+// plugin's backlog of distinct lines holds back another plugin's first
+// line by no more than the next refill.
+func TestNewLineOfQuietPluginIsWrittenWithinOneRefillDespiteBacklog(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 1.0/300, 1, 4096))
+	for i := range 200 {
+		h.observe(ln(levelError, "errors", fmt.Sprintf("2 q%d.example.net. A: i/o timeout", i), clk.Now()))
+	}
+	drain(h)
+	h.advance(10 * time.Minute)
+	logged := clk.Now()
+	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
+	h.advance(300 * time.Second)
+	for _, ev := range api.list() {
+		if strings.HasPrefix(ev.Message, "plugin/reload: ") {
+			return
+		}
+	}
+	t.Errorf("the reload line logged at %v is not written after one refill", logged)
+}
+
+// TestNewEventsAndUpdatesAlternate: within a plugin, when both wait, an
+// update of a written event and new events take turns, new first, so
+// that neither waits for all of the other.
+func TestNewEventsAndUpdatesAlternate(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 1.0/300, 1, 64))
+	h.observe(ln(levelError, "errors", "upstream W down", clk.Now()))
+	h.observe(ln(levelError, "errors", "upstream X down", clk.Now()))
+	drain(h) // W is written, X waits
+	h.observe(ln(levelError, "errors", "upstream Y down", clk.Now()))
+	h.observe(ln(levelError, "errors", "upstream W down", clk.Now()))
+	h.advance(3 * 300 * time.Second)
+	var verbs []string
+	for _, r := range eventRequests(api) {
+		verbs = append(verbs, r.verb)
+	}
+	if got := strings.Join(verbs, " "); got != "create patch create create" {
+		t.Errorf("requests %q, want W's create, W's update (a new event went last), then X's and Y's", got)
+	}
+}
