@@ -22,7 +22,7 @@ type slot struct {
 	in       *entryHeap
 	index    int
 	owner    *pluginQueue // of in, when in is a plugin's
-	stamp    uint64       // when it began to wait for its next write: oldest first
+	stamp    uint64       // when it began to wait for a write that lands: oldest first
 	at       time.Time    // in the timers: when to look at it again
 	recreate bool         // its patch found the event gone
 	parked   bool         // a create waiting for the pod's read
@@ -174,5 +174,5 @@ func (q *tokenQueue) served(e *entry) {
 	if p != nil && p.index >= 0 {
 		heap.Fix(&q.turns, p.index)
 	}
-	e.slot.stamp, e.slot.recreate = 0, false
+	e.slot.recreate = false
 }

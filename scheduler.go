@@ -514,7 +514,7 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 	case writeOK:
 		e.carry(e.base + f.count)
 		e.name, e.tried, e.doubt, e.failures, e.retryAt, e.asked = f.name, "", 0, 0, time.Time{}, time.Time{}
-		e.stormWritten = true
+		e.stormWritten, e.slot.stamp = true, 0
 		if f.full {
 			e.base += f.count
 			e.name = ""
