@@ -602,7 +602,7 @@ func writeOrder(h *harness, api *fakeAPI, n int) []string {
 	var order []string
 	seen := map[string]bool{}
 	for range n {
-		h.advance(time.Duration(float64(time.Second) / h.s.set.qps))
+		h.advance(time.Duration(float64(time.Second)/h.s.set.qps) + time.Second)
 		for _, ev := range api.list() {
 			if m := ev.Message[strings.LastIndex(ev.Message, ": ")+2:]; !seen[m] {
 				seen[m] = true
