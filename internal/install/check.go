@@ -2,6 +2,7 @@ package install
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/coredns/caddy/caddyfile"
@@ -16,8 +17,9 @@ import (
 // in-tree plugin, kubeapi and k8s_event), then every k8s_event stanza with
 // the plugin's own parser, which also refuses settings that conflict
 // between server blocks; a server block with kubeapi twice (a snippet's
-// and its own) is refused as kubeapi's setup refuses it. Files the Corefile imports are on the pods, not
-// here: their import lines are set aside.
+// and its own) is refused as kubeapi's setup refuses it. Files the
+// Corefile imports are on the pods, not here: their import lines are set
+// aside.
 func CheckCorefile(text string) error {
 	directives.Standard()
 	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text)), dnsserver.Directives)
@@ -37,4 +39,33 @@ func CheckCorefile(text string) error {
 		return fmt.Errorf("k8s_event: %w", err)
 	}
 	return nil
+}
+
+// checkOptionStanza reads the --option lines as the k8s_event stanza they
+// make, with the plugin's own parser (the rule that refuses a property
+// given twice included), and returns the error it would give, naming the
+// line at fault.
+func checkOptionStanza(options []string) error {
+	const file = "--option"
+	tokens := []caddyfile.Token{{File: file, Text: "k8s_event"}, {File: file, Text: "{"}}
+	for i, o := range options {
+		words := lex(o)
+		if len(words) == 0 {
+			return fmt.Errorf("--option %q: empty", o)
+		}
+		for _, w := range words {
+			tokens = append(tokens, caddyfile.Token{File: file, Line: i + 1, Text: w.text})
+		}
+	}
+	tokens = append(tokens, caddyfile.Token{File: file, Line: len(options) + 1, Text: "}"})
+	err := k8s_event.CheckBlocks([][]caddyfile.Token{tokens})
+	if err == nil {
+		return nil
+	}
+	// caddy writes FILE:LINE - Error during parsing: MESSAGE.
+	where, msg, ok := strings.Cut(err.Error(), " - Error during parsing: ")
+	if line, convErr := strconv.Atoi(strings.TrimPrefix(where, file+":")); ok && convErr == nil && line >= 1 && line <= len(options) {
+		return fmt.Errorf("--option %q: %s", options[line-1], msg)
+	}
+	return fmt.Errorf("--option: %w", err)
 }

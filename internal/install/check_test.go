@@ -2,6 +2,7 @@ package install
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -81,5 +82,36 @@ func TestCheckCorefile(t *testing.T) {
 		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 			t.Errorf("%q: %v, want %q", tc.corefile, err, tc.wantErr)
 		}
+	}
+}
+
+// The --option lines are one k8s_event stanza, read by the plugin's own
+// parser: its rules (a property given twice included) and its messages,
+// with the line at fault named.
+func TestCheckOptionStanzaUsesThePluginsRules(t *testing.T) {
+	for _, tc := range []struct {
+		options []string
+		err     string
+	}{
+		{nil, ""},
+		{[]string{"level info warning error", "rate 5 50", "quiet 2m"}, ""},
+		{[]string{"level info", "level error"}, `--option "level error": level given twice`},
+		{[]string{"rate 1", "quiet 1m", "rate 2"}, `--option "rate 2": rate given twice`},
+		{[]string{"quiet 1m", "bogus 1"}, `--option "bogus 1": unknown property "bogus"`},
+		{[]string{"level loud"}, `--option "level loud": level must be one of debug, info, warning, error, fatal: "loud"`},
+		{[]string{"level info", " "}, `--option " ": empty`},
+	} {
+		err := checkOptionStanza(tc.options)
+		if got := fmt.Sprint(err); tc.err == "" && err != nil || tc.err != "" && got != tc.err {
+			t.Errorf("%q: %v, want %q", tc.options, err, tc.err)
+		}
+	}
+}
+
+// AddPlugins reads its options by the same rule before it edits.
+func TestAddPluginsRefusesOptionsThePluginRefuses(t *testing.T) {
+	_, _, err := AddPlugins(custom, []string{"quiet 1m", "quiet 2m"})
+	if err == nil || err.Error() != `--option "quiet 2m": quiet given twice` {
+		t.Errorf("AddPlugins: %v", err)
 	}
 }

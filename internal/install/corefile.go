@@ -38,6 +38,9 @@ func AddPlugins(text string, options []string) (string, bool, error) {
 
 // planCorefile is the splices that AddPlugins makes of text.
 func planCorefile(text string, options []string) ([]splice, error) {
+	if err := checkOptionStanza(options); err != nil {
+		return nil, err
+	}
 	cf, err := readCorefile(text)
 	if err != nil {
 		return nil, err

@@ -22,10 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
-	k8s_event "github.com/dnsops/k8s_event"
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
@@ -95,26 +93,6 @@ func (o *Options) printf(format string, args ...any) {
 	}
 }
 
-// checkOptions refuses k8s_event block lines that would keep CoreDNS from
-// starting, before any pod rolls, with the plugin's own parser.
-func checkOptions(lines []string) error {
-	seen := map[string]bool{}
-	for _, l := range lines {
-		f := strings.Fields(l)
-		if len(f) == 0 {
-			return fmt.Errorf("--option %q: empty", l)
-		}
-		if seen[f[0]] {
-			return fmt.Errorf("--option %q: %s given twice", l, f[0])
-		}
-		seen[f[0]] = true
-		if err := k8s_event.CheckOption(l); err != nil {
-			return fmt.Errorf("--option %q: %w", l, err)
-		}
-	}
-	return nil
-}
-
 // Install adds k8s_event to the CoreDNS Deployment that o names.
 func Install(ctx context.Context, c kubernetes.Interface, o Options) error {
 	r := newRun(&o, "install")
@@ -123,7 +101,7 @@ func Install(ctx context.Context, c kubernetes.Interface, o Options) error {
 
 func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	o := r.o
-	if err := checkOptions(o.Options); err != nil {
+	if err := checkOptionStanza(o.Options); err != nil {
 		return err
 	}
 	unlock, held, err := lockDeployment(ctx, c, o)
