@@ -50,6 +50,8 @@ type StatusReport struct {
 	Ready       int32  `json:"ready"`
 	Available   int32  `json:"available"`
 	RolledOut   bool   `json:"rolledOut"`
+	// Running is how many Ready pods run the installed template.
+	Running int32 `json:"running"`
 	// Problems are what keeps k8s_event from working as installed, each
 	// with what to do.
 	Problems []string `json:"problems,omitempty"`
@@ -219,6 +221,7 @@ func (s *StatusReport) checkRollout(ctx context.Context, c kubernetes.Interface,
 	if why := podTrouble(ctx, c, d); len(why) > 0 {
 		s.problem("pods not Ready: %s", strings.Join(why, "; "))
 	}
+	s.checkInstalledPods(ctx, c, d)
 	for _, cond := range d.Status.Conditions {
 		// The rollout stalled, or its ReplicaSet cannot make pods (a quota,
 		// an admission webhook): no pod may be there to be not Ready.
@@ -244,6 +247,9 @@ func (s *StatusReport) print(o *Options) {
 		rolled = "rolled out"
 	}
 	p("  replicas: %d ready, %d available of %d, %s\n", s.Ready, s.Available, s.Replicas, rolled)
+	if s.BeforeImage != "" {
+		p("  pods Ready with the installed template: %d\n", s.Running)
+	}
 	for _, w := range s.Owners {
 		p("  managed elsewhere: %s\n", w)
 	}
@@ -264,4 +270,39 @@ func presence(err error, meta func() metav1.ObjectMeta, deployment string) (stri
 		return "not this tool's", nil
 	}
 	return "present", nil
+}
+
+// checkInstalledPods counts the Ready pods that run the installed template
+// (they carry its record), and finds too few where the rollout will not
+// bring more: a paused Deployment, or one that says it rolled out.
+func (s *StatusReport) checkInstalledPods(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) {
+	rec, ok := d.Spec.Template.Annotations[Annotation]
+	if !ok {
+		return
+	}
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return
+	}
+	pods, err := c.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return
+	}
+	live := 0
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		live++
+		if podReady(&p) && p.Annotations[Annotation] == rec {
+			s.Running++
+		}
+	}
+	switch {
+	case s.Running >= s.Replicas:
+	case d.Spec.Paused:
+		s.problem("deployment %s/%s is paused: %d of %d pods run the installed template; kubectl -n %s rollout resume deployment/%s", d.Namespace, d.Name, s.Running, s.Replicas, d.Namespace, d.Name)
+	case s.RolledOut && live > 0:
+		s.problem("the rollout reads as done, but %d of %d pods run the installed template: kubectl -n %s get pods -l %s", s.Running, s.Replicas, d.Namespace, sel.String())
+	}
 }

@@ -132,3 +132,45 @@ func statusText(t *testing.T, c kubernetes.Interface) (string, bool) {
 	}
 	return out.String(), s.Healthy()
 }
+
+// A paused Deployment does not roll its pods to the installed template:
+// status counts the Ready pods that run it, and is not healthy while too
+// few do.
+func TestStatusCountsThePodsThatRunTheInstalledTemplate(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	d := get(t, c)
+	d.Spec.Paused = true
+	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name string, annotations map[string]string) {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", Labels: map[string]string{"k8s-app": "kube-dns"}, Annotations: annotations},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+		if _, err := c.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"coredns-old-a", "coredns-old-b", "coredns-old-c"} {
+		pod(name, nil)
+	}
+	text, healthy := statusText(t, c)
+	if healthy || !strings.Contains(text, "0 of 3") || !strings.Contains(text, "rollout resume") {
+		t.Errorf("status of a paused Deployment whose pods run the template before the install:\n%s", text)
+	}
+	for _, name := range []string{"coredns-new-a", "coredns-new-b", "coredns-new-c"} {
+		pod(name, d.Spec.Template.Annotations)
+	}
+	for _, name := range []string{"coredns-old-a", "coredns-old-b", "coredns-old-c"} {
+		if err := c.CoreV1().Pods("kube-system").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := Status(ctx, c, Options{})
+	if err != nil || !s.Healthy() || s.Running != 3 {
+		t.Errorf("status once the pods run the installed template: %+v, %v", s, err)
+	}
+}
