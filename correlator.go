@@ -27,6 +27,7 @@ type eventKey struct {
 	plugin  string
 	message string
 	shape   uint64 // of a combined event: shapeHash of its lines
+	member  string // of a combined event of one member's lines (hitters.go)
 }
 
 func (k eventKey) combined() bool { return k.message == "" }
@@ -67,9 +68,10 @@ type entry struct {
 	deferred bool   // found its bucket empty since its latest request
 	evicted  bool
 
-	end   *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
-	links          // its place in the cache (cache.go)
-	slot  slot     // where it waits for a token or a time (queue.go)
+	end     *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
+	links            // its place in the cache (cache.go)
+	slot    slot     // where it waits for a token or a time (queue.go)
+	hitters *hitters // of a combined event: its members (hitters.go)
 }
 
 type windowKey struct {
@@ -120,12 +122,19 @@ func (c *correlator) observe(ln line) *entry {
 	msg := eventMessage(ln.text)
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
 	e, ok := c.cache.get(key)
+	m := ""
 	if !ok {
-		key, e, ok = c.budgeted(key, ln)
+		key, e, ok, m = c.budgeted(key, ln)
 	}
 	if !ok {
 		e = &entry{key: key, first: ln.at}
 		c.cache.add(e)
+	}
+	if key.combined() {
+		if e.hitters == nil {
+			e.hitters = &hitters{}
+		}
+		e.hitters.add(m, ln.at)
 	}
 	e.see()
 	c.cache.place(e, true)
@@ -142,34 +151,59 @@ func (c *correlator) observe(ln line) *entry {
 	return e
 }
 
+// note is the message a write of e says: a combined event names its
+// heavy hitters before its latest line.
+func (e *entry) note() string {
+	if e.hitters == nil {
+		return e.message
+	}
+	top := e.hitters.String()
+	if top == "" {
+		return e.message
+	}
+	return e.key.plugin + top + "; latest: " + strings.TrimPrefix(e.message, e.key.plugin)
+}
+
 // combinedPrefix marks the message of a combined event, as client-go does.
 const combinedPrefix = "(combined from similar events): "
 
 // budgeted is the key of a line that has no entry, within the budget of
-// its plugin and level, with the entry of that key if there is one.
-func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool) {
+// its plugin and level, with the entry of that key if there is one, and the
+// line's member if it is combined.
+func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, string) {
 	w := c.window(windowKey{ln.level, ln.plugin}, ln.at)
 	spent := w.spent(ln.at)
 	if spent < ownEvents {
 		w.spend(ln.at)
-		return key, nil, false
+		return key, nil, false, ""
 	}
 	aggregated[ln.level].Inc()
 	// The budget is of one plugin: its prefix is no part of the shape.
-	key.message, key.shape = "", shapeHash(strings.TrimPrefix(key.message, ln.plugin))
-	if e, ok := c.cache.get(key); ok {
-		return key, e, true
-	}
-	if spent < ownEvents+maxShapes {
-		w.spend(ln.at)
-		return key, nil, false
-	}
-	key.shape = otherShapes
+	rest := strings.TrimPrefix(key.message, ln.plugin)
+	key.message, key.shape = "", shapeHash(rest)
 	e, ok := c.cache.get(key)
-	if !ok { // the budget is spent only when the cache let this event go
-		w.spend(ln.at)
+	if !ok && spent >= ownEvents+maxShapes {
+		key.shape = otherShapes
+		e, ok = c.cache.get(key)
 	}
-	return key, e, ok
+	m := member(rest)
+	if !ok { // beyond the budget only when the cache let the other shapes' event go
+		w.spend(ln.at)
+		return key, nil, false, m
+	}
+	if m == "" {
+		return key, e, true, m
+	}
+	own := key
+	own.member = m
+	if o, ok := c.cache.get(own); ok {
+		return own, o, true, m
+	}
+	if e.hitters != nil && e.hitters.lowerBound(m)+1 >= promoteAt && spent < budget {
+		w.spend(ln.at)
+		return own, nil, false, m
+	}
+	return key, e, true, m
 }
 
 // window is the budget of wk. Beyond maxWindows, those unused for

@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"strings"
 	"time"
 )
 
@@ -50,8 +51,13 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 // endOf makes the end of e's storm, decided at now, and starts the storm
 // afresh: its next line starts a new object and a new count.
 func endOf(e *entry, now time.Time) *entry {
+	about, top := e.message, ""
+	if e.key.combined() { // its shape, not a line of one of its members
+		about = lineShape(strings.TrimPrefix(e.message, e.key.plugin))
+		top = e.hitters.String()
+	}
 	end := &entry{key: e.key, end: &endSpec{
-		message: endMessage(e.key.plugin, e.message, e.seen-e.storm, e.first, e.stamped),
+		message: endMessage(e.key.plugin, about, top, e.seen-e.storm, e.first, e.stamped),
 		at:      now,
 	}}
 	e.storm, e.stormWritten, e.first = e.seen, false, time.Time{}

@@ -118,7 +118,7 @@ func TestStormEndIsSaid(t *testing.T) {
 	if storm.Count != 30 {
 		t.Errorf("combined count %d, want 30", storm.Count)
 	}
-	want := fmt.Sprintf(`plugin/errors: 30 lines like "2 q39.example.net. A: read udp 10.0.0.5:40039->10.0.0.2:53: i/o timeout" from %s to %s, none since`,
+	want := fmt.Sprintf(`plugin/errors: 30 lines like "<n> <name>. A: read udp <ip>-><ip>: i/o timeout" from %s to %s, none since`,
 		start.Format(time.TimeOnly), last.Format(time.TimeOnly))
 	if end.Message != want {
 		t.Errorf("end message\n%s\nwant\n%s", end.Message, want)
@@ -157,7 +157,7 @@ func TestStormEndIsSaid(t *testing.T) {
 			t.Errorf("the new storm's event: count %d first %v, want 5 from %v", e.Count, e.FirstTimestamp, again)
 		}
 	}
-	if ends := ofReason(evs, "CoreDNSErrorEnded"); len(ends) != 2 || !strings.Contains(ends[0].Message+ends[1].Message, ": 5 lines like \"2 q1004.") {
+	if ends := ofReason(evs, "CoreDNSErrorEnded"); len(ends) != 2 || !strings.Contains(ends[0].Message+ends[1].Message, ": 5 lines like \"<n> <name>.") {
 		t.Errorf("end events after the storm came back:\n%v", ends)
 	}
 	checkLedger(t, api, before, 40+1+20+5)

@@ -286,16 +286,17 @@ func isStorm(key eventKey, count int64) bool {
 // endReason is the reason of the event that says a storm of level l ended.
 func endReason(l level) string { return l.reason() + "Ended" }
 
-// endMessage says that a storm ended: its plugin, its total count, its
-// latest line and its first and last time (UTC; with the date when the
-// two are not on the same day), e.g.
+// endMessage says that a storm ended: its plugin, its total count, what it
+// was about (the shape of a combined event's lines, with its heavy hitters
+// in top, or an event's own line) and its first and last time (UTC; with
+// the date when the two are not on the same day), e.g.
 //
-//	plugin/errors: 195 lines like "2 b.example.net. A: ...: i/o timeout" from 10:02:13 to 10:07:40, none since
+//	plugin/errors: 195 lines like "<n> <name>. A: ...: i/o timeout" (most: a.example.org ≥40) from 10:02:13 to 10:07:40, none since
 //
-// prefix is the plugin's "plugin/NAME: " and latest the storm's latest
-// message, with or without that prefix. The quoted line is cut, with a
-// visible marker, so that the whole fits maxMessageBytes.
-func endMessage(prefix, latest string, count int64, first, last time.Time) string {
+// prefix is the plugin's "plugin/NAME: "; about may start with it. The
+// quoted text is cut, with a visible marker, so that the whole fits
+// maxMessageBytes.
+func endMessage(prefix, about, top string, count int64, first, last time.Time) string {
 	first, last = first.UTC(), last.UTC()
 	layout := time.TimeOnly
 	if first.YearDay() != last.YearDay() || first.Year() != last.Year() {
@@ -305,9 +306,12 @@ func endMessage(prefix, latest string, count int64, first, last time.Time) strin
 	if count == 1 {
 		noun = "line"
 	}
+	if top != "" {
+		top = " (" + top + ")"
+	}
 	head := fmt.Sprintf("%s%d %s like \"", prefix, count, noun)
-	tail := fmt.Sprintf("\" from %s to %s, none since", first.Format(layout), last.Format(layout))
-	line := eventMessage(strings.TrimPrefix(latest, prefix))
+	tail := fmt.Sprintf("\"%s from %s to %s, none since", top, first.Format(layout), last.Format(layout))
+	line := eventMessage(strings.TrimPrefix(about, prefix))
 	if room := maxMessageBytes - len(head) - len(tail); len(line) > room {
 		cut := max(room-len(truncMarker), 0)
 		for cut > 0 && !utf8.RuneStart(line[cut]) {

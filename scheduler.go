@@ -442,7 +442,7 @@ func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request
 		if f.full = f.count >= math.MaxInt32; f.full {
 			f.count = math.MaxInt32
 		}
-		spec = writeSpec{key: e.key, message: e.message, count: f.count, first: e.first, last: e.stamped, name: e.name}
+		spec = writeSpec{key: e.key, message: e.note(), count: f.count, first: e.first, last: e.stamped, name: e.name}
 	}
 	e.inflight, e.deferred = id, false
 	ns := s.pod.namespace()

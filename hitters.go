@@ -1,0 +1,148 @@
+package k8s_event
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// The heavy hitters of a combined event. A member of a line is the name it is about: its first
+// DNS name, else its first IP address, never a port. Each combined event keeps a space-saving
+// summary of its members (Metwally et al.): hitterSlots counters, each an upper bound on its
+// member's lines with the error it may hold, so that any member with more than lines/hitterSlots
+// of the event's lines has a counter. Its message names those members with lower-bound counts;
+// a member of promoteAt lines becomes an event of its own, within the budget (correlator.go).
+
+const (
+	hitterSlots  = 32
+	promoteAt    = 10  // lines of one member that make it an event of its own
+	maxMemberLen = 128 // bytes of a member kept: names are at most 253, escaped up to 4 times that
+	maxHitters   = 256 // bytes of a message that name hitters
+)
+
+type hitter struct {
+	member     string
+	count, err int64     // count is an upper bound, count-err a lower bound
+	last       time.Time // of its latest line
+}
+
+// hitters is the summary of the members of a combined event.
+type hitters struct {
+	slots []hitter
+	lines int64
+}
+
+// add counts a line of member at at.
+func (h *hitters) add(member string, at time.Time) {
+	h.lines++
+	if member == "" {
+		return
+	}
+	least := -1
+	for i := range h.slots {
+		s := &h.slots[i]
+		if s.member == member {
+			s.count++
+			s.last = at
+			return
+		}
+		if least < 0 || s.count < h.slots[least].count {
+			least = i
+		}
+	}
+	if len(h.slots) < hitterSlots {
+		h.slots = append(h.slots, hitter{member: member, count: 1, last: at})
+		return
+	}
+	s := &h.slots[least]
+	*s = hitter{member: member, count: s.count + 1, err: s.count, last: at}
+}
+
+// lowerBound is the least number of lines member may have had.
+func (h *hitters) lowerBound(member string) int64 {
+	for _, s := range h.slots {
+		if s.member == member {
+			return s.count - s.err
+		}
+	}
+	return 0
+}
+
+// top lists the members above lines/hitterSlots with two lines or more,
+// most first.
+func (h *hitters) top() []hitter {
+	var out []hitter
+	for _, s := range h.slots {
+		if s.count*hitterSlots > h.lines && s.count-s.err >= 2 {
+			out = append(out, s)
+		}
+	}
+	slices.SortFunc(out, func(a, b hitter) int { return int(b.count - a.count) })
+	return out
+}
+
+// String names the top members with their lower bounds, within
+// maxHitters bytes: "most: a.example.org. ≥12, 10.0.0.1 ≥5"; empty when none.
+func (h *hitters) String() string {
+	var b strings.Builder
+	for _, s := range h.top() {
+		sep := "most: "
+		if b.Len() > 0 {
+			sep = ", "
+		}
+		item := fmt.Sprintf("%s%s ≥%d", sep, s.member, s.count-s.err)
+		if b.Len()+len(item) > maxHitters {
+			break
+		}
+		b.WriteString(item)
+	}
+	return b.String()
+}
+
+// member is what a line is about: its first DNS name, else its first IP
+// address without its port; empty if neither. At most maxMemberLen bytes.
+func member(msg string) string {
+	ip := ""
+	for w := range strings.FieldsSeq(msg) {
+		for part := range strings.SplitSeq(w, "->") {
+			part = strings.TrimRightFunc(strings.TrimLeft(part, "({\"'<"), func(r rune) bool { return r < utf8.RuneSelf && closing[r] })
+			switch {
+			case isName(part):
+				return cutMember(part)
+			case ip == "":
+				ip = hostOf(part)
+			}
+		}
+	}
+	return ip
+}
+
+// hostOf is the IP address of a word, its port cut; empty if none.
+func hostOf(w string) string {
+	if isIPv4(w) || isIPv6(w) {
+		return w
+	}
+	if w, ok := strings.CutPrefix(w, "["); ok {
+		if end := strings.IndexByte(w, ']'); end > 0 && isIPv6(w[:end]) {
+			return w[:end]
+		}
+		return ""
+	}
+	if host, port, ok := cutLast(w, ':'); ok && isIPv4(host) && isDigits(port) {
+		return host
+	}
+	return ""
+}
+
+func cutMember(m string) string {
+	if len(m) <= maxMemberLen {
+		return strings.Clone(m)
+	}
+	cut := maxMemberLen
+	for cut > 0 && !utf8.RuneStart(m[cut]) {
+		cut--
+	}
+	return strings.Clone(m[:cut])
+}

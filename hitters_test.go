@@ -1,0 +1,90 @@
+package k8s_event
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMemberIsFirstNameElseAddress(t *testing.T) {
+	for msg, want := range map[string]string{
+		"2 db.corp.example. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout": "db.corp.example",
+		"read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout":                       "10.0.0.5",
+		"dial tcp [2001:db8::1]:53: connection refused":                           "2001:db8::1",
+		"no upstream (\"a.example\" unreachable)":                                 "a.example",
+		"Corefile changed but reload failed":                                      "",
+		"port 53 closed":                                                          "",
+		"2 " + strings.Repeat("a", 200) + ".example. A: i/o timeout":              strings.Repeat("a", maxMemberLen),
+	} {
+		if got := member(msg); got != want {
+			t.Errorf("member(%q) = %q, want %q", msg, got, want)
+		}
+	}
+}
+
+// TestHittersNameHeavyMembers: among a thousand members of one line each,
+// a member of 60 lines is named with a lower bound no more than its lines;
+// members of one line are not, and the names fit maxHitters.
+func TestHittersNameHeavyMembers(t *testing.T) {
+	var h hitters
+	for i := range 1000 {
+		h.add(fmt.Sprintf("c%d.client.example", i), epoch)
+		if i%16 == 0 {
+			h.add("db.corp.example", epoch)
+		}
+	}
+	top := h.top()
+	if len(top) != 1 || top[0].member != "db.corp.example" {
+		t.Fatalf("top %+v, want db.corp.example alone", top)
+	}
+	if lb := top[0].count - top[0].err; lb > 63 || lb < 1 {
+		t.Errorf("lower bound %d of 63 lines", lb)
+	}
+	if s := h.String(); !strings.HasPrefix(s, "most: db.corp.example ≥") {
+		t.Errorf("hitters say %q", s)
+	}
+	var many hitters
+	for i := range 40 * hitterSlots {
+		many.add(fmt.Sprintf("%s%d.example", strings.Repeat("x", 100), i%(hitterSlots/2)), epoch)
+	}
+	if s := many.String(); len(s) > maxHitters || strings.Count(s, "≥") < 2 {
+		t.Errorf("%d bytes naming %d members, want at most %d", len(s), strings.Count(s, "≥"), maxHitters)
+	}
+}
+
+// TestFailingHostAmongClientNamesIsNamed: ten timeouts for one host, one
+// every 12 minutes, among a client's distinct names of the same shape:
+// within 2 hours an event names that host, though the latest line of the
+// combined event is always the client's.
+func TestFailingHostAmongClientNamesIsNamed(t *testing.T) {
+	cfg := testConfig(all, defaultQPS, defaultBurst, defaultCacheSize)
+	cfg.quiet = defaultQuiet
+	h, api, clk := newTestHarness(t, cfg)
+	before := readLedger()
+	observed, hostLines := 0, 0
+	start := clk.Now()
+	for i := 0; clk.Since(start) < 2*time.Hour; i++ {
+		if i%12 == 6 && hostLines < 10 {
+			h.observe(ln(levelError, "errors", fmt.Sprintf("2 db.corp.example. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", 40000+i), clk.Now()))
+			hostLines++
+			// A client's line right after it: the latest line is never the host's.
+			h.observe(ln(levelError, "errors", fmt.Sprintf("2 c%d.client.example. A: read udp 10.0.0.9:30000->192.0.2.53:53: i/o timeout", i), clk.Now()))
+			observed += 2
+		}
+		if i%10 == 0 {
+			for j := range 20 {
+				h.observe(ln(levelError, "errors", fmt.Sprintf("2 c%d-%d.client.example. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout", i, j, 30000+j), clk.Now()))
+				observed++
+			}
+		}
+		h.advance(time.Minute)
+	}
+	checkLedger(t, api, before, float64(observed))
+	for _, ev := range api.list() {
+		if strings.Contains(ev.Message, "db.corp.example") {
+			return
+		}
+	}
+	t.Errorf("no event names the host of %d timeouts among %d lines", hostLines, observed)
+}
