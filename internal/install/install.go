@@ -66,6 +66,11 @@ type Options struct {
 	DryRun bool
 	// Wait, when positive, waits that long for the rollout.
 	Wait time.Duration
+	// Settle is how long the new pods must stay Ready without a restart
+	// before the rollout counts as done (and its temporary strategy
+	// goes): 20 s when zero, or the Deployment's minReadySeconds when
+	// that is longer.
+	Settle time.Duration
 	// Out receives what is done (or, with DryRun, would be done).
 	Out io.Writer
 	// JSON writes one JSON document (a Result, or for status a
@@ -153,7 +158,7 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 		}
 		return nil
 	}
-	return r.rollout(ctx, c, p.before, p.strategy, verify, p.gen)
+	return r.rollout(ctx, c, p.before, p.strategy, p.t, verify, p.gen)
 }
 
 // lockDeployment finds the Deployment and takes the lock that keeps other

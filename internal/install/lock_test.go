@@ -134,10 +134,12 @@ func TestInstallCutOffBeforeThePatchTakesBackWhatItCreated(t *testing.T) {
 	}
 }
 
-// TestMain shortens the Lease's times for the tests that do not measure
-// them: a run waits out another's Lease for its duration.
+// TestMain shortens the Lease's times and the settle time for the tests
+// that do not measure them: a run waits out another's Lease for its
+// duration, and every rollout for its settle time.
 func TestMain(m *testing.M) {
 	leaseTimes = leaseTiming{duration: time.Second, renew: 100 * time.Millisecond, poll: 20 * time.Millisecond}
+	defaultSettle = 300 * time.Millisecond
 	os.Exit(m.Run())
 }
 

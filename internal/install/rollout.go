@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -306,19 +307,15 @@ func (r *run) prune(ctx context.Context, c kubernetes.Interface, ns, name, keep 
 	return nil
 }
 
-// rollout waits for the rollout the run started and checks it; on failure
-// it puts back the Deployment's template and strategy as before had them,
-// or says the commands that do. Then it puts back the operator's strategy,
-// gives up the fields it set, and deletes the Corefile ConfigMaps nothing
-// reads any more. gen, when not nil, is the ConfigMap the Deployment must
-// read.
-func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, verify func(*appsv1.Deployment) error, gen *corev1.ConfigMap) error {
+// rollout waits for the rollout the run started, checks it and waits for
+// it to settle; on failure it puts back the Deployment's template and
+// strategy as before had them, or says what to do as the cluster now is.
+// Then it puts back the operator's strategy, gives up the fields it set,
+// and deletes the Corefile ConfigMaps nothing reads any more. gen, when
+// not nil, is the ConfigMap the Deployment must read.
+func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, t *target, verify func(*appsv1.Deployment) error, gen *corev1.ConfigMap) error {
 	o := r.o
 	ns, name := before.Namespace, before.Name
-	undo := fmt.Sprintf("kubectl -n %s rollout undo deployment/%s", ns, name)
-	if tmp != nil {
-		undo += "\n" + strategyCommand(ns, name, before.Spec.Strategy)
-	}
 	// What follows runs to its end even when the run is interrupted: an
 	// interrupted rollout is put back.
 	after := func() (context.Context, context.CancelFunc) {
@@ -327,36 +324,21 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv
 	if o.Wait > 0 {
 		now, err := waitRollout(ctx, c, ns, name, o.Wait)
 		if err == nil {
-			err = verify(now)
-			if err != nil {
+			if err := verify(now); err != nil {
 				// Someone else's template is rolling: leave it, but give
 				// back the operator's strategy.
-				if tmp != nil {
-					bctx, cancel := after()
-					defer cancel()
-					if serr := setStrategy(bctx, c, ns, name, before.Spec.Strategy); serr != nil {
-						r.res.Undo = strategyCommand(ns, name, before.Spec.Strategy)
-						return fmt.Errorf("%w; putting back the strategy failed (%v): run\n  %s", err, serr, r.res.Undo)
-					}
-				}
-				return err
+				return r.strategyBack(after, c, before, tmp, err)
 			}
-		} else {
+			var note string
+			note, err = settle(ctx, c, now, t, settleFor(now, o))
+			if note != "" {
+				r.printf("%s\n", note)
+			}
+		}
+		if err != nil {
 			bctx, cancel := after()
 			defer cancel()
-			r.printf("%v\nputting back deployment %s/%s as it was\n", err, ns, name)
-			perr := putBack(bctx, c, before, min(o.Wait, 2*time.Minute))
-			var serr error
-			if tmp != nil {
-				serr = setStrategy(bctx, c, ns, name, before.Spec.Strategy)
-			}
-			if perr != nil || serr != nil {
-				r.res.Undo = undo
-				return fmt.Errorf("%w; putting it back failed too (%v): run\n  %s", err, errors.Join(perr, serr), strings.ReplaceAll(undo, "\n", "\n  "))
-			}
-			// What the run created for the pods that did not start goes too.
-			r.takeBack(bctx)
-			return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy)", err, ns, name)
+			return r.putBackFailed(bctx, c, before, tmp, err)
 		}
 	}
 	bctx, cancel := after()
@@ -368,27 +350,96 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv
 		}
 		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "strategy back to " + strategyString(before.Spec.Strategy)}, fmt.Sprintf("patch deployment %s/%s", ns, name))
 	}
-	if err := releaseFields(bctx, c, ns, name); err != nil {
+	if err := r.afterRollout(bctx, c, ns, name, gen); err != nil {
+		return err
+	}
+	if o.Wait > 0 {
+		r.printf("deployment %s/%s rolled out\n", ns, name)
+	}
+	return nil
+}
+
+// strategyBack gives back the operator's strategy after err, when the run
+// set a temporary one.
+func (r *run) strategyBack(after func() (context.Context, context.CancelFunc), c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, err error) error {
+	if tmp == nil {
+		return err
+	}
+	ns, name := before.Namespace, before.Name
+	bctx, cancel := after()
+	defer cancel()
+	if serr := setStrategy(bctx, c, ns, name, before.Spec.Strategy); serr != nil {
+		r.res.Undo = strategyCommand(ns, name, before.Spec.Strategy)
+		return fmt.Errorf("%w; putting back the strategy failed (%v): run\n  %s", err, serr, r.res.Undo)
+	}
+	return err
+}
+
+// putBackFailed puts back the template and the strategy after a rollout
+// that failed with err, and says what is left to do as the cluster now
+// is: never kubectl rollout undo when the template is the operator's
+// already, as undo would roll to the failed revision.
+func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, err error) error {
+	o := r.o
+	ns, name := before.Namespace, before.Name
+	r.printf("%v\nputting back deployment %s/%s as it was\n", err, ns, name)
+	perr := putBack(ctx, c, before, min(o.Wait, 2*time.Minute))
+	var serr error
+	if tmp != nil {
+		serr = setStrategy(ctx, c, ns, name, before.Spec.Strategy)
+	}
+	if perr == nil && serr == nil {
+		// What the run created for the pods that did not start goes too.
+		r.takeBack(ctx)
+		return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy)", err, ns, name)
+	}
+	now, gerr := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+	var todo []string
+	switch {
+	case gerr != nil || !equality.Semantic.DeepEqual(now.Spec.Template, before.Spec.Template):
+		todo = append(todo, fmt.Sprintf("kubectl -n %s rollout undo deployment/%s", ns, name))
+	case perr != nil:
+		// The template is the operator's again; only its rollout has not
+		// finished, as it had not before the install.
+		r.takeBack(ctx)
+		have, want := now.Status.AvailableReplicas, ptrOr(now.Spec.Replicas, 1)
+		if serr == nil && have >= before.Status.AvailableReplicas {
+			return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy), with %d of %d available as before the install: its rollout had not finished then either (kubectl -n %s describe deployment/%s says why)", err, ns, name, have, want, ns, name)
+		}
+		perr = fmt.Errorf("the template is back as it was, but its rollout has not finished (%d of %d available; %d were before the install): kubectl -n %s describe deployment/%s says why; undoing the rollout would go back to the failed revision", have, want, before.Status.AvailableReplicas, ns, name)
+	}
+	if serr != nil {
+		todo = append(todo, strategyCommand(ns, name, before.Spec.Strategy))
+	}
+	if len(todo) == 0 {
+		return fmt.Errorf("%w; %v", err, perr)
+	}
+	r.res.Undo = strings.Join(todo, "\n")
+	return fmt.Errorf("%w; putting it back failed too (%v): run\n  %s", err, errors.Join(perr, serr), strings.Join(todo, "\n  "))
+}
+
+// afterRollout gives up the install's fields, prunes the ConfigMaps no
+// revision reads, and makes sure gen is there.
+func (r *run) afterRollout(ctx context.Context, c kubernetes.Interface, ns, name string, gen *corev1.ConfigMap) error {
+	if err := releaseFields(ctx, c, ns, name); err != nil {
 		return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", ns, name, err)
 	}
 	keep := ""
 	if gen != nil {
 		keep = gen.Name
 	}
-	if err := r.prune(bctx, c, ns, name, keep); err != nil {
+	if err := r.prune(ctx, c, ns, name, keep); err != nil {
 		return err
 	}
-	if gen != nil {
-		// Whatever ran meanwhile, the Corefile the Deployment reads is there.
-		if _, err := c.CoreV1().ConfigMaps(ns).Get(bctx, gen.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "it was gone"}, "create configmap "+ns+"/"+gen.Name)
-			if _, err := c.CoreV1().ConfigMaps(ns).Create(bctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
-				return err
-			}
-		}
+	if gen == nil {
+		return nil
 	}
-	if o.Wait > 0 {
-		r.printf("deployment %s/%s rolled out\n", ns, name)
+	// Whatever ran meanwhile, the Corefile the Deployment reads is there.
+	if _, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "it was gone"}, "create configmap "+ns+"/"+gen.Name)
+		if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
 	}
 	return nil
 }

@@ -3,12 +3,16 @@ package install
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -18,9 +22,10 @@ import (
 
 var deploymentsResource = appsv1.SchemeGroupVersion.WithResource("deployments")
 
-// controller stands in for the Deployment controller: on every read of
-// the Deployment it sets the status that rollout would have, which
-// status(d) decides, and lets edit change the object first.
+// controller stands in for the Deployment controller and the kubelet: on
+// every read of the Deployment it sets the status that rollout would
+// have, which status(d) decides, after edit changed the object, and keeps
+// the pods of its template as that status counts them (syncPods).
 func controller(c *fake.Clientset, edit func(d *appsv1.Deployment), status func(d *appsv1.Deployment) appsv1.DeploymentStatus) {
 	var mu sync.Mutex
 	c.PrependReactor("get", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -36,8 +41,50 @@ func controller(c *fake.Clientset, edit func(d *appsv1.Deployment), status func(
 		}
 		d.Status = status(d)
 		_ = c.Tracker().Update(deploymentsResource, d, d.Namespace)
+		syncPods(c, d)
 		return false, nil, nil
 	})
+}
+
+var podsResource = corev1.SchemeGroupVersion.WithResource("pods")
+
+// syncPods keeps the pods of d's template as its status counts them: the
+// updated replicas, the first of them Ready as far as the available
+// replicas go beyond the old ones. Pods of other templates go; a pod's
+// restarts stay what they are.
+func syncPods(c *fake.Clientset, d *appsv1.Deployment) {
+	b, _ := json.Marshal(d.Spec.Template)
+	h := sha256.Sum256(b)
+	prefix := fmt.Sprintf("%s-%x-", d.Name, h[:4])
+	ready := int(max(0, d.Status.AvailableReplicas-(d.Status.Replicas-d.Status.UpdatedReplicas)))
+	list, _ := c.Tracker().List(podsResource, corev1.SchemeGroupVersion.WithKind("Pod"), d.Namespace)
+	have := map[string]*corev1.Pod{}
+	for _, p := range list.(*corev1.PodList).Items {
+		if !strings.HasPrefix(p.Name, prefix) {
+			_ = c.Tracker().Delete(podsResource, d.Namespace, p.Name)
+			continue
+		}
+		have[p.Name] = p.DeepCopy()
+	}
+	for i := range int(d.Status.UpdatedReplicas) {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		p, ok := have[name]
+		if !ok {
+			p = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.Namespace, Labels: d.Spec.Template.Labels, Annotations: d.Spec.Template.Annotations}, Spec: *d.Spec.Template.Spec.DeepCopy()}
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: p.Spec.Containers[0].Name}}
+		}
+		st := corev1.ConditionFalse
+		if i < ready {
+			st = corev1.ConditionTrue
+		}
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}
+		p.Status.ContainerStatuses[0].Ready = st == corev1.ConditionTrue
+		if ok {
+			_ = c.Tracker().Update(podsResource, p, d.Namespace)
+		} else {
+			_ = c.Tracker().Add(p)
+		}
+	}
 }
 
 func rolled(n int32) appsv1.DeploymentStatus {

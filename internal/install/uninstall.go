@@ -59,7 +59,7 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	}
 	d := p.t.dep
 	if p.patched {
-		if err := r.rollout(ctx, c, operatorView(d), p.tmp, uninstalled(p.t), nil); err != nil {
+		if err := r.rollout(ctx, c, operatorView(d), p.tmp, p.t, uninstalled(p.t), nil); err != nil {
 			return err
 		}
 	} else if err := r.prune(ctx, c, d.Namespace, d.Name, ""); err != nil {
