@@ -9,41 +9,34 @@ import "strings"
 const maxEdits = 1000
 
 // Diff is a line diff of a and b: lines only in a start with "-", lines
-// only in b with "+", lines in both with " ". Lines that differ only in
-// their indentation are the same: the Corefile parser writes its own.
-// Within each changed stretch, the added lines come first.
+// only in b with "+", lines in both with " ". Within each changed
+// stretch, the added lines come first.
 //
-// It is Myers' O((N+M)D) algorithm: an install adds a few lines to a
+// It is Myers' O((N+M)D) algorithm, run only between the common head and
+// tail, which are written straight out: an install adds a few lines to a
 // Corefile that may be as large as a ConfigMap (1 MiB), so the time and
-// memory follow the number of changed lines, not the product of the
-// sizes.
+// the memory beyond the text itself follow the number of changed lines.
 func Diff(a, b string) string {
 	x, y := lines(a), lines(b)
-	eq := func(i, j int) bool { return strings.TrimSpace(x[i]) == strings.TrimSpace(y[j]) }
-	var out strings.Builder
-	var adds, dels []string
-	flush := func() {
-		for _, l := range adds {
-			out.WriteString("+ " + l + "\n")
-		}
-		for _, l := range dels {
-			out.WriteString("- " + l + "\n")
-		}
-		adds, dels = adds[:0], dels[:0]
+	head := 0
+	for head < len(x) && head < len(y) && x[head] == y[head] {
+		head++
 	}
-	for _, e := range editScript(len(x), len(y), eq) {
-		switch e.op {
-		case ' ':
-			flush()
-			out.WriteString("  " + y[e.j] + "\n")
-		case '+':
-			adds = append(adds, y[e.j])
-		case '-':
-			dels = append(dels, x[e.i])
-		}
+	tail := 0
+	for tail < len(x)-head && tail < len(y)-head && x[len(x)-1-tail] == y[len(y)-1-tail] {
+		tail++
 	}
-	flush()
-	return out.String()
+	w := &diffWriter{}
+	w.out.Grow(len(b) + 2*len(y) + 2*(len(x)-head-tail) + len(a)/16)
+	for _, l := range y[:head] {
+		w.same(l)
+	}
+	w.middle(x[head:len(x)-tail], y[head:len(y)-tail])
+	for _, l := range y[len(y)-tail:] {
+		w.same(l)
+	}
+	w.flush()
+	return w.out.String()
 }
 
 func lines(s string) []string {
@@ -53,43 +46,72 @@ func lines(s string) []string {
 	return strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 }
 
+// diffWriter writes a diff; within a changed stretch, the added lines go
+// first.
+type diffWriter struct {
+	out        strings.Builder
+	adds, dels []string
+}
+
+func (w *diffWriter) same(l string) {
+	w.flush()
+	w.line("  ", l)
+}
+
+func (w *diffWriter) flush() {
+	for _, l := range w.adds {
+		w.line("+ ", l)
+	}
+	for _, l := range w.dels {
+		w.line("- ", l)
+	}
+	w.adds, w.dels = w.adds[:0], w.dels[:0]
+}
+
+func (w *diffWriter) line(prefix, l string) {
+	w.out.WriteString(prefix)
+	w.out.WriteString(l)
+	w.out.WriteByte('\n')
+}
+
+// middle writes the diff of x and y, which have no common head or tail.
+func (w *diffWriter) middle(x, y []string) {
+	trace, ok := shortestEdit(x, y)
+	if !ok {
+		// Too far apart to be worth the search: all of x goes, all of y
+		// comes.
+		w.adds = append(w.adds, y...)
+		w.dels = append(w.dels, x...)
+		return
+	}
+	script := backtrack(trace, len(x), len(y))
+	for i := len(script) - 1; i >= 0; i-- {
+		switch e := script[i]; e.op {
+		case ' ':
+			w.same(y[e.j])
+		case '+':
+			w.adds = append(w.adds, y[e.j])
+		case '-':
+			w.dels = append(w.dels, x[e.i])
+		}
+	}
+}
+
 type edit struct {
 	op   byte // ' ' both, '-' only in x, '+' only in y
 	i, j int
 }
 
-// editScript is a shortest edit script from x (n lines) to y (m lines).
-func editScript(n, m int, eq func(i, j int) bool) []edit {
-	// The common head and tail cost nothing to set aside.
-	head := 0
-	for head < n && head < m && eq(head, head) {
-		head++
-	}
-	tail := 0
-	for tail < n-head && tail < m-head && eq(n-1-tail, m-1-tail) {
-		tail++
-	}
-	var script []edit
-	for i := 0; i < head; i++ {
-		script = append(script, edit{' ', i, i})
-	}
-	script = append(script, myers(head, n-tail, head, m-tail, eq)...)
-	for k := tail; k > 0; k-- {
-		script = append(script, edit{' ', n - k, m - k})
-	}
-	return script
-}
-
-// myers is the shortest edit script from x[x0:x1] to y[y0:y1].
-func myers(x0, x1, y0, y1 int, eq func(i, j int) bool) []edit {
-	n, m := x1-x0, y1-y0
+// shortestEdit is Myers' forward search from x to y: v over the diagonals
+// -d..d as each step d found it, up to the step that reaches the end; or
+// false past maxEdits steps.
+func shortestEdit(x, y []string) ([][]int, bool) {
+	n, m := len(x), len(y)
 	limit := min(n+m, maxEdits)
 	off := limit + 1
 	v := make([]int, 2*limit+3)
-	// trace[d] is v over the diagonals -d..d as step d found it.
 	var trace [][]int
-	found := -1
-	for d := 0; d <= limit && found < 0; d++ {
+	for d := 0; d <= limit; d++ {
 		snap := make([]int, 2*d+1)
 		copy(snap, v[off-d:off+d+1])
 		trace = append(trace, snap)
@@ -101,40 +123,31 @@ func myers(x0, x1, y0, y1 int, eq func(i, j int) bool) []edit {
 				px = v[off+k-1] + 1
 			}
 			py := px - k
-			for px < n && py < m && eq(x0+px, y0+py) {
+			for px < n && py < m && x[px] == y[py] {
 				px++
 				py++
 			}
 			v[off+k] = px
 			if px >= n && py >= m {
-				found = d
-				break
+				return trace, true
 			}
 		}
 	}
-	if found < 0 {
-		// Too far apart to be worth the search: all of x goes, all of y
-		// comes.
-		var script []edit
-		for j := y0; j < y1; j++ {
-			script = append(script, edit{'+', 0, j})
-		}
-		for i := x0; i < x1; i++ {
-			script = append(script, edit{'-', i, 0})
-		}
-		return script
-	}
+	return nil, false
+}
+
+// backtrack is the edit script that trace found from (0, 0) to (n, m),
+// last edit first.
+func backtrack(trace [][]int, n, m int) []edit {
 	var rev []edit
 	px, py := n, m
-	for d := found; d > 0; d-- {
+	for d := len(trace) - 1; d > 0; d-- {
 		prev := trace[d]
 		at := func(k int) int { return prev[k+d] }
 		k := px - py
-		var pk int
+		pk := k - 1
 		if k == -d || (k != d && at(k-1) < at(k+1)) {
 			pk = k + 1
-		} else {
-			pk = k - 1
 		}
 		sx := at(pk)
 		sy := sx - pk
@@ -146,23 +159,19 @@ func myers(x0, x1, y0, y1 int, eq func(i, j int) bool) []edit {
 		for px > mx && py > my {
 			px--
 			py--
-			rev = append(rev, edit{' ', x0 + px, y0 + py})
+			rev = append(rev, edit{' ', px, py})
 		}
 		if pk == k+1 {
-			rev = append(rev, edit{'+', 0, y0 + sy})
+			rev = append(rev, edit{'+', 0, sy})
 		} else {
-			rev = append(rev, edit{'-', x0 + sx, 0})
+			rev = append(rev, edit{'-', sx, 0})
 		}
 		px, py = sx, sy
 	}
 	for px > 0 && py > 0 {
 		px--
 		py--
-		rev = append(rev, edit{' ', x0 + px, y0 + py})
+		rev = append(rev, edit{' ', px, py})
 	}
-	script := make([]edit, len(rev))
-	for i, e := range rev {
-		script[len(rev)-1-i] = e
-	}
-	return script
+	return rev
 }
