@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // The concurrent fault model runs the pipeline as CoreDNS does: the
@@ -45,7 +44,7 @@ func TestFaultModelConcurrent(t *testing.T) {
 func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	// m drives the run; faults draws the faults, in the writers' goroutines,
 	// under the fake API's lock, from a generator of its own.
-	m := &model{rng: rand.New(rand.NewPCG(seed, 0xc0c0)), clk: clocktesting.NewFakeClock(epoch), stats: stats}
+	m := &model{rng: rand.New(rand.NewPCG(seed, 0xc0c0)), clk: newSteppedClock(), stats: stats}
 	faults := &model{rng: rand.New(rand.NewPCG(seed, 0xfa17)), stats: stats}
 	if m.api, err = startFakeAPI(m.clk); err != nil {
 		return err
@@ -141,6 +140,9 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		// times differ as no real clock does.
 		if err := m.quietCheck(); err != nil {
 			return err
+		}
+		if m.rng.IntN(8) == 0 { // the wall clock steps; the monotonic one goes on
+			m.clk.stepWall(time.Duration(m.rng.IntN(4*3600)-2*3600) * time.Second)
 		}
 		m.clk.Step(time.Duration(1+m.rng.IntN(90)) * time.Second)
 	}

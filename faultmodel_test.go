@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,7 +89,7 @@ const (
 // model is one run of the fault model.
 type model struct {
 	rng   *rand.Rand
-	clk   *clocktesting.FakeClock
+	clk   *steppedClock
 	api   *fakeAPI
 	h     *harness
 	p     *pipeline // the concurrent model's
@@ -121,7 +122,7 @@ var (
 )
 
 func runFaultModel(seed uint64, stats *faultStats) (err error) {
-	m := &model{rng: rand.New(rand.NewPCG(seed, 0x6b38)), clk: clocktesting.NewFakeClock(epoch), stats: stats}
+	m := &model{rng: rand.New(rand.NewPCG(seed, 0x6b38)), clk: newSteppedClock(), stats: stats}
 	if m.api, err = startFakeAPI(m.clk); err != nil {
 		return err
 	}
@@ -149,6 +150,14 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.h.lostAfter = writeTimeout
 	m.h.writeTimeout = 250 * time.Millisecond
 	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
+	// A quarter of the answers come back late, up to a second, and so out
+	// of the order of their requests, after later dispatches.
+	m.h.hold = func(request) time.Duration {
+		if m.rng.IntN(4) != 0 {
+			return 0
+		}
+		return time.Duration(1+m.rng.IntN(1000)) * time.Millisecond
+	}
 	stats.seeds++
 
 	steps := 10 + m.rng.IntN(30)
@@ -287,9 +296,39 @@ func (m *model) step() error {
 			return err
 		}
 	}
+	if m.rng.IntN(10) == 0 { // the wall clock steps (NTP, a VM resumed); the monotonic one goes on
+		m.clk.stepWall(time.Duration(m.rng.IntN(4*3600)-2*3600) * time.Second)
+		m.stats.injected["wall step"]++
+	}
 	m.h.advance(time.Duration(1+m.rng.IntN(90)) * time.Second)
 	return m.check()
 }
+
+// steppedClock is a fake clock whose readings carry a monotonic reading,
+// as time.Now's do, and whose wall clock the model steps apart from it.
+// Timers run on the monotonic clock, as Go's do.
+type steppedClock struct {
+	*clocktesting.FakeClock              // the monotonic clock, from epoch
+	base                    time.Time    // a time.Now reading: the monotonic clock at epoch
+	step                    atomic.Int64 // of the wall clock from the monotonic one
+}
+
+func newSteppedClock() *steppedClock {
+	return &steppedClock{FakeClock: clocktesting.NewFakeClock(epoch), base: time.Now()}
+}
+
+func (c *steppedClock) Now() time.Time {
+	elapsed := c.FakeClock.Now().Sub(epoch)
+	return afterStep(c.base, elapsed, epoch.Sub(c.base.Round(0))+time.Duration(c.step.Load()))
+}
+
+func (c *steppedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// SetTime moves the monotonic clock to t, a reading of this clock.
+func (c *steppedClock) SetTime(t time.Time) { c.FakeClock.SetTime(epoch.Add(t.Sub(c.base))) }
+
+// stepWall steps the wall clock by d.
+func (c *steppedClock) stepWall(d time.Duration) { c.step.Add(int64(d)) }
 
 // line logs one line through the listener: a repeat, a distinct line of a
 // storm, at one of three levels from one of three plugins.
@@ -334,6 +373,7 @@ func (m *model) check() error {
 	live := countsIn(m.api)
 	var doubt float64
 	var settling, cached, cacheSize, ends int
+	var lost error
 	m.inspect(func(s *scheduler) {
 		for _, e := range entriesOf(s) {
 			if e.doubt > 0 {
@@ -353,11 +393,19 @@ func (m *model) check() error {
 			}
 		}
 		ends = len(s.ends.list)
+		lost = lostEntries(s)
 	})
+	if lost != nil {
+		return lost
+	}
 
-	// An end is written once: retries of a create that got no answer take
-	// its name again, and no end is said twice.
+	// An event's times never run back on the wall clock, whatever steps it
+	// took. An end is written once: retries of a create that got no answer
+	// take its name again, and no end is said twice.
 	for _, ev := range m.api.list() {
+		if ev.LastTimestamp.Before(&ev.FirstTimestamp) {
+			return fmt.Errorf("event %q last at %v, before its first at %v", ev.Message, ev.LastTimestamp, ev.FirstTimestamp)
+		}
 		if !strings.HasSuffix(ev.Reason, "Ended") {
 			continue
 		}
@@ -436,6 +484,22 @@ func (m *model) checkBound() error {
 	return nil
 }
 
+// lostEntries tells of an entry with something to write that waits
+// nowhere: not in flight, in no queue, in no timer, not set aside for the
+// pod's read. It would never be written.
+func lostEntries(s *scheduler) error {
+	for _, e := range append(entriesOf(s), s.ends.list...) {
+		if e.end == nil && (e.pending() == 0 || e.dropped > 0) || e.inflight != 0 || e.slot.in != nil || e.slot.parked {
+			continue
+		}
+		if at := e.retryAt; s.stopping && (at.After(s.deadline) || e.asked.After(s.deadline)) {
+			continue // never sent again: dropped when the flush ends
+		}
+		return fmt.Errorf("%q has something to write and waits nowhere", e.message)
+	}
+	return nil
+}
+
 // entriesOf lists the entries of s's cache and those settling.
 func entriesOf(s *scheduler) []*entry {
 	out := s.corr.cache.values()
@@ -492,6 +556,7 @@ func (m *model) recovered(back time.Time) (err error) {
 // has a token.
 func (m *model) stop() error {
 	m.stats.stops++
+	m.h.hold = nil // answers held past the deadline would keep the last token of their bucket
 	pending := m.h.pendingEntries()
 	m.h.stop(flushTimeout)
 	if err := m.check(); err != nil {

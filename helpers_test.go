@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -64,7 +65,7 @@ func newTestPipeline(t testing.TB, cfg config) (*pipeline, *fakeAPI, *clocktesti
 // once), so that a hang takes its time as it does in CoreDNS.
 type harness struct {
 	t            testing.TB
-	clk          *clocktesting.FakeClock
+	clk          testClock
 	api          *fakeAPI
 	s            *scheduler
 	*listener    // lines logged through it reach the scheduler on run
@@ -87,7 +88,15 @@ func newHarness(t testing.TB, cfg config) *harness {
 	return newHarnessOn(t, cfg, newFakeAPI(t, clk), clk, testPod())
 }
 
-func newHarnessOn(t testing.TB, cfg config, api *fakeAPI, clk *clocktesting.FakeClock, pod podIdentity) *harness {
+// testClock is a fake clock the test moves: clocktesting's, or a
+// steppedClock (faultmodel_test.go).
+type testClock interface {
+	clock.WithTicker
+	SetTime(time.Time)
+	Step(time.Duration)
+}
+
+func newHarnessOn(t testing.TB, cfg config, api *fakeAPI, clk testClock, pod podIdentity) *harness {
 	h := &harness{t: t, clk: clk, api: api, client: api.client, writeTimeout: writeTimeout}
 	h.s = newScheduler(cfg, pod, clk.Now())
 	h.listener = newListener(clk, h.fatal)
@@ -105,7 +114,7 @@ func newHarnessOn(t testing.TB, cfg config, api *fakeAPI, clk *clocktesting.Fake
 func newTestHarness(t testing.TB, cfg config) (*harness, *fakeAPI, *clocktesting.FakeClock) {
 	t.Helper()
 	h := newHarness(t, cfg)
-	return h, h.api, h.clk
+	return h, h.api, h.clk.(*clocktesting.FakeClock)
 }
 
 // drain does what is due now.

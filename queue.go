@@ -7,7 +7,7 @@ import (
 
 // The order in which the entries of one bucket take its tokens, so that
 // new information goes first and no noise holds it back: entries settling
-// (evicted, their latest write unanswered), oldest first; then events whose
+// (evicted, their latest write unanswered), in the order they began to wait; then events whose
 // patch found them gone, to be created anew; then the plugins, least
 // recently served first, so that each plugin waiting puts at most one
 // event before a plugin served after it; within a plugin, new events
@@ -53,18 +53,8 @@ func (h *entryHeap) Pop() any {
 	return e
 }
 
-func (h *entryHeap) peek() *entry {
-	if len(h.es) == 0 {
-		return nil
-	}
-	return h.es[0]
-}
-
 func byStamp(a, b *entry) bool { return a.slot.stamp < b.slot.stamp }
 func byTime(a, b *entry) bool  { return a.slot.at.Before(b.slot.at) }
-func byFirst(a, b *entry) bool {
-	return a.first.Before(b.first) || a.first.Equal(b.first) && a.seq < b.seq
-}
 
 // pluginQueue is what one plugin has waiting in one bucket.
 type pluginQueue struct {
@@ -73,8 +63,6 @@ type pluginQueue struct {
 	served         uint64 // the turn it was last served
 	index          int    // in the turns; -1 when nothing of it waits
 }
-
-func (p *pluginQueue) len() int { return p.fresh.Len() + p.updates.Len() }
 
 // next is the heap whose oldest entry the plugin sends next.
 func (p *pluginQueue) next() *entryHeap {
@@ -108,21 +96,20 @@ type tokenQueue struct {
 }
 
 func newTokenQueue() *tokenQueue {
-	return &tokenQueue{settling: entryHeap{less: byFirst}, recreate: entryHeap{less: byStamp}, plugins: map[string]*pluginQueue{}}
+	return &tokenQueue{settling: entryHeap{less: byStamp}, recreate: entryHeap{less: byStamp}, plugins: map[string]*pluginQueue{}}
 }
 
 // head is the entry that takes the bucket's next token; nil when none waits.
 func (q *tokenQueue) head() *entry {
-	if e := q.settling.peek(); e != nil {
-		return e
-	}
-	if e := q.recreate.peek(); e != nil {
-		return e
+	for _, h := range []*entryHeap{&q.settling, &q.recreate} {
+		if h.Len() > 0 {
+			return h.es[0]
+		}
 	}
 	if len(q.turns) == 0 {
 		return nil
 	}
-	return q.turns[0].next().peek()
+	return q.turns[0].next().es[0]
 }
 
 // push queues e, settling or not, behind those that began to wait before it.
@@ -154,11 +141,8 @@ func (q *tokenQueue) push(e *entry, settling bool) {
 func (q *tokenQueue) remove(e *entry) {
 	p := e.slot.owner
 	heap.Remove(e.slot.in, e.slot.index)
-	if p != nil && p.len() == 0 && p.index >= 0 {
-		heap.Remove(&q.turns, p.index)
-		if len(q.plugins) > maxWindows { // plugins are few: this bounds the names a bucket remembers
-			delete(q.plugins, e.key.plugin)
-		}
+	if p != nil && p.fresh.Len()+p.updates.Len() == 0 && p.index >= 0 {
+		heap.Remove(&q.turns, p.index) // it stays in plugins, which are few, with its turn
 	}
 }
 

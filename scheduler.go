@@ -52,14 +52,11 @@ type scheduler struct {
 	parked   []*entry                // creates waiting for the pod's read
 	stamp    uint64
 	now      time.Time // of the message being handled
-	// holdFor is how long, in the flush, a bucket's last token waits for a
-	// patch in flight that may come back gone: its re-create goes first.
-	holdFor time.Duration
-	flights map[uint64]flight
-	lastID  uint64
-	pod     podIdentity
-	names   *eventNames
-	rand    *rand.Rand
+	flights  map[uint64]flight
+	lastID   uint64
+	pod      podIdentity
+	names    *eventNames
+	rand     *rand.Rand
 	// doubtful counts lines dropped whose latest write may have landed unanswered.
 	doubtful int64
 	settled  bool // an evicted entry began to settle: it may be sent now
@@ -80,7 +77,6 @@ func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 		set:        set,
 		settling:   map[*entry]struct{}{},
 		timers:     entryHeap{less: byTime},
-		holdFor:    writeTimeout,
 		now:        now,
 		flights:    map[uint64]flight{},
 		pod:        pod,
@@ -165,12 +161,9 @@ func (s *scheduler) endLimit() int {
 // nothing is sent after timeout.
 func (s *scheduler) stop(now time.Time, timeout time.Duration) {
 	s.stopping, s.deadline, s.now = true, now.Add(timeout), now
-	for _, e := range slices.Clone(s.timers.es) {
+	for _, e := range slices.Clone(s.timers.es) { // those in flight get the flush's pause once back
 		e.retryAt = time.Time{}
 		s.place(e)
-	}
-	for _, e := range s.ends.list {
-		e.retryAt = time.Time{}
 	}
 }
 
@@ -195,10 +188,6 @@ func (s *scheduler) dropRemaining() {
 		s.drop(e, dropShutdown)
 	}
 	clear(s.settling)
-	for i := range s.queues {
-		s.queues[i] = newTokenQueue()
-	}
-	s.timers.es, s.parked = nil, nil
 	s.ends.list = nil // they carry no lines: nothing to account for
 }
 
@@ -218,26 +207,25 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 			wake = at
 		}
 	}
-	for e := s.timers.peek(); e != nil && !e.slot.at.After(now); e = s.timers.peek() {
-		s.place(e)
+	for s.timers.Len() > 0 && !s.timers.es[0].slot.at.After(now) {
+		s.place(s.timers.es[0])
 	}
-	if w, must := s.pod.readDue(now, s.stopping); len(s.parked) > 0 && must && w > 0 {
-		soon(now.Add(w))
-	} else if len(s.parked) > 0 && (!must || w == 0) {
-		parked := s.parked
-		s.parked = nil
-		for _, e := range parked {
+	if w, must := s.pod.readDue(now, s.stopping); !must || w == 0 {
+		for _, e := range slices.Clone(s.parked) {
 			e.slot.parked = false
 			s.place(e)
 		}
+		s.parked = s.parked[:0]
+	} else if w > 0 && len(s.parked) > 0 {
+		soon(now.Add(w))
 	}
 	for b := levelFatal; b > levelDebug; b-- { // the most severe first, then the ends
 		reqs = s.serve(b-1, now, reqs, soon)
 	}
 	reqs = s.serve(endBucket, now, reqs, soon)
 	s.showDelays()
-	if e := s.timers.peek(); e != nil {
-		soon(e.slot.at)
+	if s.timers.Len() > 0 {
+		soon(s.timers.es[0].slot.at)
 	}
 	return reqs, wake
 }
@@ -284,15 +272,15 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 }
 
 // holding tells that, in the flush, bucket b's last token waits for a
-// patch in flight, at most holdFor: should the event be gone, its
-// re-create takes it, not e, which came after.
+// patch in flight, at most the write time-out: should the event be gone,
+// its re-create takes it, not e, which came after.
 func (s *scheduler) holding(b level, e *entry, now time.Time, soon func(time.Time)) bool {
 	if !s.stopping || e.slot.recreate || !s.buckets[b].last(now) {
 		return false
 	}
 	for _, f := range s.flights {
-		if f.bucket == b && f.verb == verbPatch && now.Before(f.sent.Add(s.holdFor)) {
-			soon(f.sent.Add(s.holdFor))
+		if f.bucket == b && f.verb == verbPatch && now.Before(f.sent.Add(writeTimeout)) {
+			soon(f.sent.Add(writeTimeout))
 			return true
 		}
 	}
@@ -306,8 +294,8 @@ func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		var since int64
 		for _, p := range s.queues[l].turns {
-			if e := p.fresh.peek(); e != nil && (since == 0 || e.first.UnixNano() < since) {
-				since = e.first.UnixNano()
+			if p.fresh.Len() > 0 && (since == 0 || p.fresh.es[0].first.UnixNano() < since) {
+				since = p.fresh.es[0].first.UnixNano()
 			}
 		}
 		bound := time.Duration(min(float64(max(len(s.queues[l].turns), 1))/s.set.qps, 365*24*3600)*1e9) + writeTimeout
@@ -379,10 +367,7 @@ func (s *scheduler) watch(e *entry) {
 }
 
 // wait puts e in the timers until at.
-func (s *scheduler) wait(e *entry, at time.Time) {
-	e.slot.at = at
-	heap.Push(&s.timers, e)
-}
+func (s *scheduler) wait(e *entry, at time.Time) { e.slot.at = at; heap.Push(&s.timers, e) }
 
 // unqueue takes e out of the heap it waits in, if any.
 func (s *scheduler) unqueue(e *entry) {
