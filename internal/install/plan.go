@@ -21,9 +21,21 @@ import (
 )
 
 // GeneratedName is the name of the ConfigMap with data and binary made
-// from the ConfigMap source: source's name, then a hash of the content.
-func GeneratedName(source string, data map[string]string, binary map[string][]byte) string {
-	return source + "-k8s-event-" + contentHash(data, binary)[:10]
+// from the ConfigMap source: source's name, then a hash of what the
+// config volume vol mounts of it, so that a change to a key the pods do
+// not read does not roll them.
+func GeneratedName(source string, vol corev1.Volume, data map[string]string, binary map[string][]byte) string {
+	return source + "-k8s-event-" + mountedHash(vol, data, binary)[:10]
+}
+
+// mountedHash is a hash of what the ConfigMap volume vol puts in the pods
+// of data and binary: the keys it leaves out change nothing they read.
+func mountedHash(vol corev1.Volume, data map[string]string, binary map[string][]byte) string {
+	keep := func(k string, _ any) bool { return !mounts(vol, k) }
+	d, b := maps.Clone(data), maps.Clone(binary)
+	maps.DeleteFunc(d, func(k, v string) bool { return keep(k, v) })
+	maps.DeleteFunc(b, func(k string, v []byte) bool { return keep(k, v) })
+	return contentHash(d, b)
 }
 
 // contentHash is a hash of a ConfigMap's data and binaryData.
@@ -207,7 +219,7 @@ func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap) (*c
 	return &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      GeneratedName(src.Name, data, binary),
+			Name:      GeneratedName(src.Name, orig.Volume, data, binary),
 			Namespace: ns,
 			Labels:    map[string]string{DeploymentLabel: d.Name, managedByLabel: FieldManager},
 			OwnerReferences: []metav1.OwnerReference{{
@@ -253,7 +265,7 @@ func mounts(vol corev1.Volume, key string) bool {
 // ConfigMap and record in its pod template.
 func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap) (*appsv1.Deployment, error) {
 	d, t, o := p.d, p.t, r.o
-	rec := record{Image: o.Image, ConfigMap: p.gen.Name, Source: contentHash(src.Data, src.BinaryData), Original: orig}
+	rec := record{Image: o.Image, ConfigMap: p.gen.Name, Source: mountedHash(orig.Volume, src.Data, src.BinaryData), Original: orig}
 	ann, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
@@ -324,7 +336,7 @@ func (r *run) planWrites(ctx context.Context, c kubernetes.Interface, p *install
 		return err
 	}
 	switch have, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); {
-	case err == nil && (!ours(have.ObjectMeta, d.Name) || !equalJSON(have.Data, gen.Data) || !equalJSON(have.BinaryData, gen.BinaryData)):
+	case err == nil && (!ours(have.ObjectMeta, d.Name) || mountedHash(p.t.current().Volume, have.Data, have.BinaryData) != mountedHash(p.t.current().Volume, gen.Data, gen.BinaryData)):
 		return &RefusedError{[]string{fmt.Sprintf("configmap %s/%s is there and is not what install would write (its labels or its content differ): the pods would read it; delete it, or rename it, and run install again", ns, gen.Name)}}
 	case err == nil:
 		p.genThere = true

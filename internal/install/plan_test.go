@@ -3,6 +3,7 @@ package install
 import (
 	"bytes"
 	"context"
+	appsv1 "k8s.io/api/apps/v1"
 	"strings"
 	"testing"
 
@@ -67,5 +68,44 @@ func TestInstallRefusesAConfigMapOfItsNameThatIsNotItsOwn(t *testing.T) {
 	}
 	if err := Install(ctx, c, Options{Image: image}); !IsRefused(err) || !strings.Contains(err.Error(), "is not what install would write") {
 		t.Errorf("install: %v", err)
+	}
+}
+
+// A key the pods do not mount changes nothing they read: status finds no
+// problem with it, and installing again keeps the template, so no pod
+// rolls onto an identical Corefile. A change to the Corefile still does.
+func TestAKeyThePodsDoNotMountNeitherRollsThePodsNorIsAProblem(t *testing.T) {
+	ctx := context.Background()
+	cm := configMap()
+	cm.Data["notes"] = "first\n"
+	c := newClient(deployment(), cm)
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	before := get(t, c).Spec.Template
+	edit := func(key, value string) {
+		t.Helper()
+		now, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now.Data[key] = value
+		if _, err := c.CoreV1().ConfigMaps("kube-system").Update(ctx, now, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	edit("notes", "second\n")
+	if text, healthy := statusText(t, c); !healthy {
+		t.Errorf("status after a change to a key the pods do not mount:\n%s", text)
+	}
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	if after := get(t, c).Spec.Template; !equalJSON(after, before) {
+		t.Errorf("installing again after a change to a key the pods do not mount changed the template:\n%s\n%s", specJSON(&appsv1.Deployment{Spec: appsv1.DeploymentSpec{Template: before}}), specJSON(&appsv1.Deployment{Spec: appsv1.DeploymentSpec{Template: after}}))
+	}
+	edit("Corefile", cm.Data["Corefile"]+"example.org:53 {\n    whoami\n}\n")
+	if text, healthy := statusText(t, c); healthy || !strings.Contains(text, "changed since the install") {
+		t.Errorf("status after a change to the Corefile:\n%s", text)
 	}
 }

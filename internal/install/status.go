@@ -150,7 +150,7 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 			s.problem("the image or the configmap is no longer what install set (image %s, configmap %s): run install again, or uninstall", t.rec.Image, t.rec.ConfigMap)
 		}
 		if t.rec.Source != "" {
-			return s.checkSource(ctx, c, ns, t.rec.Source)
+			return s.checkSource(ctx, c, ns, t.rec)
 		}
 	case read != nil && t.key != "" && HasPlugins(read.Data[t.key]):
 		s.State = StateOther
@@ -160,14 +160,16 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 
 // checkSource finds whether the operator's ConfigMap that the install
 // started from is there and as it was.
-func (s *StatusReport) checkSource(ctx context.Context, c kubernetes.Interface, ns, hash string) error {
+func (s *StatusReport) checkSource(ctx context.Context, c kubernetes.Interface, ns string, rec *record) error {
 	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.BeforeConfigMap, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		s.problem("configmap %s, the Corefile install started from, is gone: uninstall would point the pods at it", s.BeforeConfigMap)
 	case err != nil:
 		return err
-	case contentHash(src.Data, src.BinaryData) != hash:
+	case mountedHash(rec.Original.Volume, src.Data, src.BinaryData) != rec.Source && contentHash(src.Data, src.BinaryData) != rec.Source:
+		// An older install hashed every key; keys the pods do not mount
+		// change nothing they read.
 		what := "its content"
 		for _, key := range extraKeys() {
 			if _, ok := src.Data[key]; ok {

@@ -67,7 +67,9 @@ func TestStatusSaysTheSourceConfigMapChanged(t *testing.T) {
 	ctx := context.Background()
 	cm := configMap()
 	cm.Data["NodeHosts"] = "10.0.0.5 node-a\n"
-	c := newClient(deployment(), cm)
+	d := deployment() // mounting NodeHosts, as k3s does
+	d.Spec.Template.Spec.Volumes[0].ConfigMap.Items = append(d.Spec.Template.Spec.Volumes[0].ConfigMap.Items, corev1.KeyToPath{Key: "NodeHosts", Path: "NodeHosts"})
+	c := newClient(d, cm)
 	if err := Install(ctx, c, withForce(Options{Image: image})); err != nil {
 		t.Fatal(err)
 	}
