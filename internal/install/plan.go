@@ -115,6 +115,7 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 		return nil, err
 	}
 	refuse = append(refuse, r.planStrategy(p, want)...)
+	refuse = append(refuse, r.checkSurge(ctx, c, p, want)...)
 	if len(refuse) > 0 {
 		return nil, &RefusedError{refuse}
 	}

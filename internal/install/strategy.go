@@ -1,10 +1,16 @@
 package install
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 )
 
 // StrategyAnnotation, on the Deployment, records the operator's own
@@ -72,4 +78,70 @@ func interruptedRollout(d *appsv1.Deployment) string {
 		return ""
 	}
 	return fmt.Sprintf("a run was cut off during its rollout: the Deployment rolls with the strategy it set (%s) in place of yours (%s), recorded in annotation %s; run install again to finish that rollout and put yours back, or uninstall", strategyString(d.Spec.Strategy), strategyString(*s), StrategyAnnotation)
+}
+
+// onePerNode reports whether d's pods require a node each: a required pod
+// anti-affinity on the node's hostname that selects d's own pods.
+func onePerNode(d *appsv1.Deployment) bool {
+	a := d.Spec.Template.Spec.Affinity
+	if a == nil || a.PodAntiAffinity == nil {
+		return false
+	}
+	for _, term := range a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution {
+		sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
+		if err == nil && term.TopologyKey == corev1.LabelHostname && !sel.Empty() && sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// spareNodes counts the Ready, schedulable nodes that match d's
+// nodeSelector beyond its replicas: where its pods need a node each,
+// the nodes a surge pod can go to.
+func spareNodes(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) (int, error) {
+	nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(d.Spec.Template.Spec.NodeSelector).String()})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, node := range nodes.Items {
+		if node.Spec.Unschedulable {
+			continue
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				n++
+			}
+		}
+	}
+	return n - int(ptrOr(d.Spec.Replicas, 1)), nil
+}
+
+// checkSurge refuses, unless Force, a temporary surge strategy that could
+// never finish: the pods need a node each and no node is spare for the
+// pod the surge adds. With Force the pods roll with the operator's own
+// strategy, one down at a time.
+func (r *run) checkSurge(ctx context.Context, c kubernetes.Interface, p *installPlan, want *appsv1.Deployment) []string {
+	if p.strategy == nil || !onePerNode(p.d) {
+		return nil
+	}
+	surge, _ := intstr.GetScaledValueFromIntOrPercent(p.strategy.RollingUpdate.MaxSurge, int(ptrOr(p.d.Spec.Replicas, 1)), true)
+	spare, err := spareNodes(ctx, c, p.d)
+	if err == nil && spare >= surge {
+		return nil
+	}
+	what := fmt.Sprintf("no node is spare for the %d pod(s) it adds", surge)
+	if err != nil {
+		what = fmt.Sprintf("whether a node is spare for the pod(s) it adds cannot be told (listing nodes: %v)", err)
+	}
+	why := fmt.Sprintf("the pods of deployment %s/%s need a node each (a required pod anti-affinity on %s), and %s: a rollout that adds a pod before it takes one away could not finish", p.d.Namespace, p.d.Name, corev1.LabelHostname, what)
+	if !r.o.Force {
+		return []string{why + "; --force rolls with the Deployment's own strategy (" + strategyString(p.before.Spec.Strategy) + "), which takes a pod away before its replacement is Ready"}
+	}
+	r.warn("--force: " + why)
+	setRolloutStrategy(want, p.before.Spec.Strategy, nil)
+	p.strategy = nil
+	r.res.Rollout = "with the Deployment's own strategy (--force): " + why
+	return nil
 }

@@ -1,14 +1,17 @@
 package install
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -126,5 +129,49 @@ func TestTheTemporaryStrategyIsRecordedInTheSamePatch(t *testing.T) {
 	}
 	if _, err := c.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// onePerNodeDeployment is the chart's layout whose pods require a node
+// each, on a cluster of n Ready nodes.
+func onePerNodeCluster(n int) (*appsv1.Deployment, []runtime.Object) {
+	d := chartDefaults()
+	d.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+			TopologyKey:   corev1.LabelHostname,
+		}},
+	}}
+	objs := []runtime.Object{d.DeepCopy(), configMap()}
+	for i := range n {
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%d", i)},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}})
+	}
+	return d, objs
+}
+
+// Where the pods need a node each and no node is spare, a surge rollout
+// could never finish: install refuses and says why; with --force it
+// rolls with the operator's strategy. With a spare node it surges.
+func TestInstallRefusesASurgeWithNoSpareNodeForIt(t *testing.T) {
+	ctx := context.Background()
+	d, objs := onePerNodeCluster(1)
+	c := newClient(objs...)
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second}); !IsRefused(err) || !strings.Contains(err.Error(), "need a node each") {
+		t.Errorf("install with no spare node: %v, want it refused", err)
+	}
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Force: true}); err != nil {
+		t.Fatalf("install --force: %v", err)
+	}
+	if got := get(t, c); !equalJSON(got.Spec.Strategy, d.Spec.Strategy) {
+		t.Errorf("strategy after install --force: %+v", got.Spec.Strategy)
+	}
+	_, objs = onePerNodeCluster(2)
+	c = newClient(objs...)
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Out: &out}); err != nil || !strings.Contains(out.String(), "maxUnavailable 0") {
+		t.Errorf("install with a spare node: %v\n%s", err, out.String())
 	}
 }
