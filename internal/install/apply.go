@@ -37,18 +37,22 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 			switch _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); {
 			case err == nil:
 				r.done = append(r.done, r.res.Changes[len(r.res.Changes)-1])
-				r.created = append(r.created, func(ctx context.Context) error {
+				r.created = append(r.created, undoStep{r.res.Changes[len(r.res.Changes)-1], func(ctx context.Context) error {
 					// Unless the Deployment reads it all the same (a patch
 					// that went through, its answer lost).
 					now, err := c.AppsV1().Deployments(ns).Get(ctx, d.Name, metav1.GetOptions{})
-					if err != nil || slices.ContainsFunc(now.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
-						return v.ConfigMap != nil && v.ConfigMap.Name == gen.Name
-					}) {
+					switch {
+					case err != nil:
 						return err
+					case slices.ContainsFunc(now.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+						return v.ConfigMap != nil && v.ConfigMap.Name == gen.Name
+					}):
+						return errKept
 					}
 					return c.CoreV1().ConfigMaps(ns).Delete(ctx, gen.Name, metav1.DeleteOptions{})
-				})
+				}})
 			case !apierrors.IsAlreadyExists(err):
+				r.failed()
 				return fmt.Errorf("create configmap %s/%s: %w", ns, gen.Name, err)
 			}
 		}
@@ -57,11 +61,12 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 		r.change(s.change, s.line)
 		if !o.DryRun && s.do != nil {
 			if err := s.do(ctx); err != nil {
+				r.failed()
 				return fmt.Errorf("%s: %w", s.line, err)
 			}
 			r.done = append(r.done, s.change)
 			if s.undo != nil {
-				r.created = append(r.created, s.undo)
+				r.created = append(r.created, undoStep{s.change, s.undo})
 			}
 		}
 	}
@@ -71,6 +76,7 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: string(p.patch.display)}, fmt.Sprintf("patch deployment %s/%s", ns, d.Name))
 		if !o.DryRun {
 			if _, err := c.AppsV1().Deployments(ns).Patch(ctx, d.Name, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+				r.failed()
 				return fmt.Errorf("patch deployment %s/%s: %w", ns, d.Name, err)
 			}
 		}

@@ -3,6 +3,7 @@ package install
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,9 +16,9 @@ import (
 type run struct {
 	o   *Options
 	res Result
-	// created are the deletes that take back what the run created, for
-	// a rollout that fails and is put back.
-	created []func(context.Context) error
+	// created take back what the run wrote, for a run cut off before its
+	// patch, or a rollout that fails and is put back.
+	created []undoStep
 	// done are the writes made, kept in the report when a conflict
 	// starts the run over.
 	done []Change
@@ -75,15 +76,38 @@ func (r *run) finish(err error) error {
 	return err
 }
 
+// undoStep takes back one write of the run.
+type undoStep struct {
+	write Change
+	// undo deletes what write created, or puts back what it changed; it
+	// returns errKept when it leaves the object as it is.
+	undo func(context.Context) error
+}
+
+// errKept is an undo that leaves the object as it is.
+var errKept = errors.New("kept")
+
 // takeBack deletes, or puts back, what the run created, even when ctx
-// is done.
+// is done, and lists each as a change.
 func (r *run) takeBack(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	for _, undo := range slices.Backward(r.created) {
-		if err := undo(ctx); err != nil && !apierrors.IsNotFound(err) {
+	for _, u := range slices.Backward(r.created) {
+		switch err := u.undo(ctx); {
+		case errors.Is(err, errKept):
+		case err != nil && !apierrors.IsNotFound(err):
 			r.warn(fmt.Sprintf("taking back what the run created: %v", err))
+		case u.write.Action == "create":
+			r.change(Change{Action: "delete", Kind: u.write.Kind, Name: u.write.Name, Detail: "taken back: the run did not finish"}, fmt.Sprintf("delete %s %s", u.write.Kind, u.write.Name))
+		default:
+			r.change(Change{Action: "update", Kind: u.write.Kind, Name: u.write.Name, Detail: "put back as it was: the run did not finish"}, fmt.Sprintf("put back %s %s", u.write.Kind, u.write.Name))
 		}
 	}
 	r.created = nil
+}
+
+// failed takes the last change out of the report: its write did not
+// happen.
+func (r *run) failed() {
+	r.res.Changes = r.res.Changes[:len(r.res.Changes)-1]
 }

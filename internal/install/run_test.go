@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"slices"
 	"sync"
 	"testing"
 
@@ -94,5 +96,38 @@ func TestInstallReportAfterAConflictListsTheObjectsItCreated(t *testing.T) {
 		if !created[kind] {
 			t.Errorf("the run created a %s, but its -o json report does not say so: %+v", kind, res.Changes)
 		}
+	}
+}
+
+// A write the API server refuses did not happen, and what the run takes
+// back is undone: -o json lists the writes that stayed and the deletes
+// that undid them, never the refused patch.
+func TestInstallReportListsTheWritesThatStayedAndTheDeletesThatUndidThem(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(deployment(), configMap())
+	c.PrependReactor("patch", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if isDryRun(a) {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "deployments"}, "coredns", errors.New("denied by a webhook"))
+	})
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, JSON: true, Out: &out}); err == nil {
+		t.Fatal("install: no error")
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ch := range res.Changes {
+		got = append(got, ch.Action+" "+ch.Kind)
+	}
+	want := []string{"create configmap", "create role", "create rolebinding", "delete rolebinding", "delete role", "delete configmap"}
+	if !slices.Equal(got, want) {
+		t.Errorf("changes %v, want %v", got, want)
+	}
+	if cms, _ := c.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{}); len(cms.Items) != 1 {
+		t.Errorf("%d ConfigMaps left, want the operator's alone", len(cms.Items))
 	}
 }
