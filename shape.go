@@ -37,21 +37,30 @@ var shapeSeed = maphash.MakeSeed()
 
 // shapeHash is a 64-bit hash of lineShape(s): the correlator's key for a
 // combined event. The shape is built in a buffer on the stack, so that a
-// line of up to shapeBufSize bytes costs no allocation.
+// message costs no allocation.
 func shapeHash(s string) uint64 {
 	var buf [shapeBufSize]byte
 	return maphash.Bytes(shapeSeed, appendShape(buf[:0], s))
 }
 
-const shapeBufSize = 512
+// shapeBufSize holds the shape of any message: a placeholder is at most
+// twice what it replaces with the byte that ends it ("1 " becomes "<n> ").
+const shapeBufSize = 2*maxMessageBytes + len(shapeName)
 
 // appendShape appends the shape of s to b. It goes through s once, word by
 // word; a word without a digit, '.', ':', '=' or '>' cannot hold anything a
-// placeholder replaces, and is copied as it is.
+// placeholder replaces, and is copied as it is. A backslash escapes the
+// byte after it, a space too, as in a name CoreDNS prints ("a\ b.example.").
+// Every step is linear in the length of the word.
 func appendShape(b []byte, s string) []byte {
 	start, m := 0, charClass(0)
 	for i := 0; i < len(s); i++ {
 		c := s[i]
+		if c == '\\' && i+1 < len(s) {
+			i++
+			m |= classBackslash | classes[s[i]]
+			continue
+		}
 		if c != ' ' && c != '\t' {
 			m |= classes[c]
 			continue
@@ -72,40 +81,70 @@ func appendShape(b []byte, s string) []byte {
 // appendWord appends the shape of one word, whose classes are m: each side
 // of "->", and the value of key=value, shaped alone.
 func appendWord(b []byte, w string, m charClass) []byte {
-	if m&shaped == 0 {
+	switch {
+	case m&shaped == 0:
 		return append(b, w...)
+	case m == classDigit: // the commonest: a count, a port, a code
+		return append(b, shapeNum...)
 	}
-	if m&classGt != 0 {
-		if i := strings.Index(w, "->"); i >= 0 {
-			b = append(appendWord(b, w[:i], classOf(w[:i])), "->"...)
-			w = w[i+2:]
-			return appendWord(b, w, classOf(w))
+	if m&classGt != 0 && strings.Contains(w, "->") {
+		start, pm := 0, charClass(0)
+		for i := 0; i < len(w); i++ {
+			if w[i] == '-' && i+1 < len(w) && w[i+1] == '>' {
+				b = append(appendWord(b, w[start:i], pm), "->"...)
+				start, pm = i+2, 0
+				i++
+				continue
+			}
+			pm |= classes[w[i]]
+		}
+		return appendWord(b, w[start:], pm)
+	}
+	if m&classEq != 0 { // key=value, a=b=value: the value alone
+		i := strings.LastIndexByte(w, '=')
+		b, w = append(b, w[:i+1]...), w[i+1:]
+		if m = classOf(w); m&shaped == 0 {
+			return append(b, w...)
 		}
 	}
-	if m&classEq != 0 {
-		i := strings.IndexByte(w, '=')
-		return appendWord(append(b, w[:i+1]...), w[i+1:], classOf(w[i+1:]))
-	}
 	end := len(w)
-	for end > 0 && closing[w[end-1]] {
+	for end > 0 && closing[w[end-1]] && (end == 1 || w[end-2] != '\\' || !escaped(w, end-1)) {
 		end--
 	}
 	if m&classColon != 0 && isIPv6(w[:end]) { // before ':' is taken for punctuation: ::1
 		return append(append(b, shapeIP...), w[end:]...)
 	}
-	start := 0
+	start, bracket := 0, -1
 	for start < end && opening[w[start]] {
 		if w[start] == '[' {
-			if n, ok := bracketedIP(w[start:]); ok {
-				b = append(append(b, w[:start]...), shapeIP...)
-				return append(b, w[start+n:]...)
-			}
+			bracket = start
 		}
 		start++
 	}
+	// Of a run of openings, only the last '[' can open an address: the
+	// others have a '[' in it.
+	if bracket >= 0 {
+		if n, ok := bracketedIP(w[bracket:]); ok {
+			b = append(append(b, w[:bracket]...), shapeIP...)
+			return append(b, w[bracket+n:]...)
+		}
+	}
+	if start > 0 || end < len(w) {
+		m = classOf(w[start:end])
+	}
 	b = append(b, w[:start]...)
-	b = append(b, shapeOf(w[start:end])...)
+	b = append(b, shapeOf(w[start:end], m)...)
 	return append(b, w[end:]...)
+}
+
+// escaped tells whether w[i] follows a backslash that escapes it: an odd
+// number of them.
+func escaped(w string, i int) bool {
+	n := 0
+	for i > n && w[i-n-1] == '\\' {
+		n++
+	}
+	return n%2 == 1
 }
 
 // Punctuation taken off a word's ends before it is classified.
@@ -137,6 +176,7 @@ const (
 	classPercent
 	classEq
 	classGt
+	classBackslash
 	classOther
 
 	// shaped are the classes without which no placeholder can replace a
@@ -170,6 +210,7 @@ var classes = func() (t [256]charClass) {
 	set("%", classPercent)
 	set("=", classEq)
 	set(">", classGt)
+	set("\\", classBackslash)
 	return t
 }()
 
@@ -206,10 +247,9 @@ func endOfDigits(w string, i int) int {
 }
 
 // shapeOf is the placeholder of a word stripped of punctuation, or the
-// word itself.
-// Each test runs only when the classes of w's bytes allow it to match.
-func shapeOf(w string) string {
-	m := classOf(w)
+// word itself. m is the set of the classes of w's bytes: each test runs only
+// when they allow it to match.
+func shapeOf(w string, m charClass) string {
 	switch {
 	case w == "":
 		return w
@@ -223,7 +263,7 @@ func shapeOf(w string) string {
 		return shapeIP
 	case m.only(classDigit|classHexLetter|classX) && isHex(w):
 		return shapeHex
-	case m&classDot != 0 && m.only(letters|classDigit|classDash|classUnderscore|classStar|classDot) && isName(w):
+	case m&classDot != 0 && (m&classBackslash != 0 || m.only(letters|classDigit|classDash|classUnderscore|classStar|classDot)) && isName(w):
 		return shapeName
 	}
 	return w
@@ -246,8 +286,8 @@ func isNumber(w string) bool {
 	if w[0] == '-' || w[0] == '+' {
 		w = w[1:]
 	}
-	intPart, frac, dot := strings.Cut(w, ".")
-	return isDigits(intPart) && (!dot || isDigits(frac))
+	i := endOfDigits(w, 0)
+	return i > 0 && (i == len(w) || w[i] == '.' && isDigits(w[i+1:]))
 }
 
 func isUUID(w string) bool {
@@ -291,11 +331,13 @@ func isDuration(w string) bool {
 		}
 		w = w[i:]
 		switch {
-		case strings.HasPrefix(w, "ns"), strings.HasPrefix(w, "us"), strings.HasPrefix(w, "ms"):
+		case w == "":
+			return false
+		case len(w) > 1 && w[1] == 's' && (w[0] == 'n' || w[0] == 'u' || w[0] == 'm'):
 			w = w[2:]
 		case strings.HasPrefix(w, "µs"):
 			w = w[len("µs"):]
-		case strings.HasPrefix(w, "h"), strings.HasPrefix(w, "m"), strings.HasPrefix(w, "s"):
+		case w[0] == 'h' || w[0] == 'm' || w[0] == 's':
 			w = w[1:]
 		default:
 			return false
@@ -306,11 +348,11 @@ func isDuration(w string) bool {
 
 // isHostPort: an IPv4 or IPv6 address, or IPv4:port.
 func isHostPort(w string) bool {
-	if isIPv4(w) || isIPv6(w) {
-		return true
-	}
 	host, port, ok := cutLast(w, ':')
-	return ok && isIPv4(host) && isDigits(port)
+	if !ok {
+		return isIPv4(w)
+	}
+	return isIPv4(host) && isDigits(port) || isIPv6(w)
 }
 
 func cutLast(w string, sep byte) (string, string, bool) {
@@ -342,27 +384,23 @@ func isIPv4(w string) bool {
 }
 
 // isIPv6: hex groups and colons, with "::" or seven colons, maybe a zone
-// or an IPv4 tail.
+// or an IPv4 tail. One pass over w: it runs once a word.
 func isIPv6(w string) bool {
-	if zone := strings.IndexByte(w, '%'); zone >= 0 {
-		w = w[:zone]
+	colons, double, last, bad := 0, false, -1, -1
+	for i := 0; i < len(w); i++ {
+		switch c := w[i]; {
+		case c == ':':
+			colons, double, last = colons+1, double || i > 0 && w[i-1] == ':', i
+		case c == '%': // the zone: it ends the loop
+			w = w[:i]
+		case bad < 0 && !isHexDigit(c):
+			bad = i
+		}
 	}
-	colons := strings.Count(w, ":")
-	if colons < 2 || colons > 7 || colons < 7 && !strings.Contains(w, "::") {
+	if colons < 2 || colons > 7 || colons < 7 && !double {
 		return false
 	}
-	if last := strings.LastIndexByte(w, ':'); strings.IndexByte(w[last:], '.') >= 0 {
-		if !isIPv4(w[last+1:]) {
-			return false
-		}
-		w = w[:last]
-	}
-	for i := 0; i < len(w); i++ {
-		if w[i] != ':' && !isHexDigit(w[i]) {
-			return false
-		}
-	}
-	return true
+	return bad < 0 || bad > last && isIPv4(w[last+1:])
 }
 
 // isHex: 0x followed by hex digits, or 8 hex digits or more with a digit
@@ -390,20 +428,25 @@ func isHex(w string) bool {
 	return digit
 }
 
-// isName: two labels or more of letters, digits, '-', '_' or a leading
-// '*', with a letter somewhere.
+// isName: two labels or more of letters, digits, '-', '_', a leading '*'
+// or CoreDNS's escapes of the other bytes (\DDD, \. and the like), with a
+// letter or an escape somewhere.
 func isName(w string) bool {
-	if strings.IndexByte(w, '.') < 0 {
-		return false
-	}
-	letter, labelLen := false, 0
+	letter, dot, labelLen := false, false, 0
 	for i := 0; i < len(w); i++ {
 		switch c := w[i]; {
+		case c == '\\':
+			n := escapeLen(w[i:])
+			if n == 0 {
+				return false
+			}
+			letter, dot = true, dot || w[i+1] == '.'
+			i += n - 1
 		case c == '.':
 			if labelLen == 0 {
 				return false
 			}
-			labelLen = 0
+			dot, labelLen = true, 0
 			continue
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 			letter = true
@@ -414,5 +457,19 @@ func isName(w string) bool {
 		}
 		labelLen++
 	}
-	return letter && labelLen > 0
+	return letter && dot && labelLen > 0
+}
+
+// escapeLen is the length of the escape w starts with, \DDD or \X with X
+// not a digit; 0 when it is none.
+func escapeLen(w string) int {
+	switch {
+	case len(w) < 2:
+		return 0
+	case w[1] < '0' || w[1] > '9':
+		return 2
+	case len(w) >= 4 && isDigits(w[1:4]):
+		return 4
+	}
+	return 0
 }

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -45,6 +46,15 @@ var shapeTests = []struct {
 	// loop
 	{`plugin/loop: Loop (127.0.0.1:53 -> :53) detected for zone ".", see https://coredns.io/plugins/loop#troubleshooting. Query: "HINFO 4547991504243258144.3688648895315093531."`,
 		`plugin/loop: Loop (<ip> -> :<n>) detected for zone ".", see https://coredns.io/plugins/loop#troubleshooting. Query: "HINFO <n>."`},
+	// names as CoreDNS prints them, with escapes of the bytes that are not letters, digits, '-' or '_'
+	{`plugin/errors: 2 a\001b.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout`,
+		"plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o timeout"},
+	{`plugin/errors: 2 a\.b\@c\255.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. A: i/o timeout"},
+	{`plugin/errors: 2 a\ b.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. A: i/o timeout"},
+	{`plugin/errors: 2 a\\.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. A: i/o timeout"},
+	{`plugin/errors: 2 ab\.. A: i/o timeout`, "plugin/errors: <n> <name>. A: i/o timeout"},
+	{"plugin/errors: 2 " + escapedName + " A: i/o timeout", "plugin/errors: <n> <name>. A: i/o timeout"},
+	{`not escapes: a\1.example.org a\`, `not escapes: a\1.example.org a\`},
 	// identifiers
 	{"request 0x1f2e id=42 uuid 123e4567-e89b-12d3-a456-426614174000 took 1m30s", "request <hex> id=<n> uuid <uuid> took <d>"},
 	{"deadbeef accepted 12ab34cd", "deadbeef accepted <hex>"},
@@ -75,6 +85,9 @@ func FuzzLineShape(f *testing.F) {
 		f.Add(tt.line)
 	}
 	f.Add("[::1]:53 ::1 fe80::1%eth0 ::ffff:10.0.0.1 1.2.3.4.5 a..b -> -> a=b=c")
+	for _, a := range adversarialLines {
+		f.Add(a.line)
+	}
 	f.Fuzz(func(t *testing.T, line string) {
 		before := strings.Clone(line)
 		s := lineShape(line)
@@ -94,6 +107,68 @@ func BenchmarkShapeHash(b *testing.B) {
 	b.SetBytes(int64(len(line)))
 	for b.Loop() {
 		shapeHash(line)
+	}
+}
+
+// ordinaryLine is lines as CoreDNS plugins log them, joined up to n bytes.
+func ordinaryLine(n int) string {
+	var b strings.Builder
+	for b.Len() < n {
+		for _, tt := range shapeTests {
+			b.WriteString(tt.line + " ")
+		}
+	}
+	return b.String()[:n]
+}
+
+// adversarialLines are lines of 1 KiB made to find a superlinear path in
+// the shape: chains and runs of what the shape looks for.
+var adversarialLines = []struct{ name, line string }{
+	{"numbers", strings.Repeat("1 ", 512)},
+	{"names", strings.Repeat("a.b ", 256)},
+	{"IPv6", strings.Repeat("::1 ", 256)},
+	{"durations", strings.Repeat("1s ", 342)[:1024]},
+	{"hex", strings.Repeat("0x1 ", 256)},
+	{"arrows", strings.Repeat("1->", 342)[:1024]},
+	{"address arrows", strings.Repeat("10.0.0.1:53->", 79)[:1024]},
+	{"equals", strings.Repeat("a=", 512)},
+	{"brackets", strings.Repeat("[", 1017) + "::1]:53"},
+	{"brackets unclosed", strings.Repeat("[", 1024)},
+	{"colons", strings.Repeat(":", 1023) + "1"},
+	{"dots", strings.Repeat("a.", 512)},
+	{"a duration", strings.Repeat("1h", 512)},
+	{"closing", "a.b" + strings.Repeat(")", 1021)},
+	{"escaped name", "plugin/errors: 2 " + escapedName + " A:"},
+	{"escaped dots", strings.Repeat(`a\.`, 341) + "b"},
+}
+
+// escapedName is a name of 255 bytes, each of them one CoreDNS prints as
+// an escape: 1004 characters.
+var escapedName = strings.Repeat(strings.Repeat(`\001`, 63)+".", 3) + strings.Repeat(`\001`, 61) + "."
+
+// BenchmarkShapeAdversarial: the shape of each adversarial line of 1 KiB,
+// against that of an ordinary line of 1 KiB timed alternately in the same
+// loop; x-ordinary is the ratio of their times.
+func BenchmarkShapeAdversarial(b *testing.B) {
+	ordinary := ordinaryLine(1024)
+	for _, bm := range adversarialLines {
+		if len(bm.line) != 1024 {
+			b.Fatalf("%s: %d bytes, want 1024", bm.name, len(bm.line))
+		}
+		b.Run(bm.name, func(b *testing.B) {
+			b.SetBytes(1024)
+			var ord, adv time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				shapeHash(ordinary)
+				t1 := time.Now()
+				shapeHash(bm.line)
+				adv += time.Since(t1)
+				ord += t1.Sub(t0)
+			}
+			b.ReportMetric(float64(adv)/float64(ord), "x-ordinary")
+			b.ReportMetric(float64(adv.Nanoseconds())/float64(b.N), "ns/line")
+		})
 	}
 }
 
