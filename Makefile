@@ -125,7 +125,7 @@ test-faults:
 # for it no longer than its start time-out.
 test-e2e: image
 	$(with_tools) K8S_EVENT_IMAGE=$(abspath $(IMAGE_ARCHIVE)) \
-		$(GO) test -p 1 -tags e2e -count=1 -timeout $(E2E_TIMEOUT) ./test/e2e/... ./internal/cluster/...
+		$(GO) test -p 1 -tags e2e -count=1 -timeout $(E2E_TIMEOUT) ./test/e2e/... ./internal/cluster/... ./internal/install/
 
 # demo runs a local Kubernetes and CoreDNS that reports its log lines as
 # events: with NODE, CoreDNS runs as the cluster's DNS from its image,

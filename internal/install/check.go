@@ -19,8 +19,12 @@ import (
 // between server blocks; a server block with kubeapi twice (a snippet's
 // and its own) is refused as kubeapi's setup refuses it. Files the
 // Corefile imports are on the pods, not here: their import lines are set
-// aside.
+// aside. A plugin's block whose } shares a line with an option is
+// refused: caddyfile reads that } as one more argument of the option.
 func CheckCorefile(text string) error {
+	if err := blockClosedOnAnOptionLine(text); err != nil {
+		return err
+	}
 	directives.Standard()
 	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text)), dnsserver.Directives)
 	if err != nil {
@@ -68,4 +72,34 @@ func checkOptionStanza(options []string) error {
 		return fmt.Errorf("--option %q: %s", options[line-1], msg)
 	}
 	return fmt.Errorf("--option: %w", err)
+}
+
+// blockClosedOnAnOptionLine refuses a plugin's block that closes on the
+// line of its last option, as in "health { lameduck 5s }": caddyfile's
+// RemainingArgs reads the } as one more argument, and the plugins refuse
+// it (health: "Wrong argument count or unexpected line ending after
+// '}'"), so CoreDNS would not start. "health { }" is read as empty.
+func blockClosedOnAnOptionLine(text string) error {
+	tokens := lex(text)
+	var open []int
+	for i, t := range tokens {
+		switch t.text {
+		case "{":
+			open = append(open, i)
+		case "}":
+			if len(open) == 0 {
+				return nil // caddyfile's parser says what is wrong
+			}
+			o := open[len(open)-1]
+			open = open[:len(open)-1]
+			if len(open) >= 1 && !startsLine(tokens, i) && tokens[i-1].text != "{" {
+				d := o
+				for d > 0 && !startsLine(tokens, d) {
+					d--
+				}
+				return fmt.Errorf("Corefile:%d: the block of %s closes on the line of its option %q: CoreDNS reads that } as one more argument, and %s would not start; put the } on a line of its own", t.line, tokens[d].text, tokens[i-1].text+" }", tokens[d].text)
+			}
+		}
+	}
+	return nil
 }
