@@ -219,3 +219,55 @@ func afterStep(base time.Time, elapsed, step time.Duration) time.Time {
 	}
 	return t
 }
+
+// TestNewErrorIsWrittenPromptlyDespiteNoise: after an hour of bursts of new
+// names every 10 minutes and 1 second, at the default rate, a genuine
+// line of another plugin is written within one refill plus its write, and
+// through hours more of the noise it is never evicted.
+func TestNewErrorIsWrittenPromptlyDespiteNoise(t *testing.T) {
+	cfg := testConfig(all, defaultQPS, defaultBurst, defaultCacheSize)
+	cfg.quiet = defaultQuiet
+	h, api, clk := newTestHarness(t, cfg)
+	before := readLedger()
+	observed := 0
+	const genuine = "plugin/reload: Corefile changed but reload failed"
+	var logged time.Time
+	for burst := range 6 * 6 { // 6 hours
+		start := clk.Now()
+		for _, l := range noiseBurst(burst, start) {
+			h.observe(l)
+			observed++
+		}
+		if burst == 6 {
+			h.advance(time.Minute)
+			logged = clk.Now()
+			h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
+			observed++
+			for clk.Since(logged) < 2*time.Duration(float64(time.Second)/defaultQPS) && !written(api, genuine) {
+				h.advance(time.Second)
+			}
+			if !written(api, genuine) {
+				t.Fatalf("the reload line is not written %v after it was logged", clk.Since(logged))
+			}
+			if wait := clk.Since(logged); wait > time.Duration(float64(time.Second)/defaultQPS)+writeTimeout {
+				t.Errorf("the reload line waited %v, want at most one refill and its write", wait)
+			}
+		}
+		h.advance(start.Add(10*time.Minute + time.Second).Sub(clk.Now()))
+	}
+	if e := h.entry(eventKey{level: levelError, plugin: "plugin/reload: ", message: genuine}); e == nil || e.evicted {
+		t.Error("the reload line's event left the cache")
+	}
+	if d := checkLedger(t, api, before, float64(observed)); d.dropped[dropEvicted] != 0 {
+		t.Errorf("%v lines evicted", d.dropped[dropEvicted])
+	}
+}
+
+func written(api *fakeAPI, message string) bool {
+	for _, ev := range api.list() {
+		if ev.Message == message {
+			return true
+		}
+	}
+	return false
+}
