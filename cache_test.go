@@ -2,6 +2,8 @@ package k8s_event
 
 import (
 	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -104,4 +106,69 @@ func TestFullCacheOfNoiseKeepsAnotherPluginsLine(t *testing.T) {
 		}
 	}
 	t.Errorf("the reload line was never written; %v lines evicted", d.dropped[dropEvicted])
+}
+
+// BenchmarkCacheBytes fills a scheduler's cache of CACHESIZE events, each
+// of a line at the 1 KiB cap, at the default CACHESIZE and at the maximum,
+// and reports the heap that each cached event holds (B/event), that the
+// summary of 32 members of the longest kept adds to a combined event
+// (B/members), and that each end waiting to be written holds (B/end): the
+// cache, as many settling events and the queue of ends, each at most
+// CACHESIZE, take at most CACHESIZE x (2 x (B/event + B/members) + B/end).
+//
+//	go test -run '^$' -bench CacheBytes -benchtime 1x .
+func BenchmarkCacheBytes(b *testing.B) {
+	for _, n := range []int{defaultCacheSize, maxCacheSize} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for range b.N {
+				benchCacheBytes(b, n)
+			}
+		})
+	}
+}
+
+func benchCacheBytes(b *testing.B, n int) {
+	s := newScheduler(testConfig(levelsOf(levelError), defaultQPS, defaultBurst, n), testPod(), epoch)
+	s.set.quiet = defaultQuiet
+	pad := strings.Repeat("x", maxMessageBytes)
+	lines := make([]line, n)
+	for i := range lines {
+		plugin := fmt.Sprintf("plugin/p%d: ", i) // one plugin each: no combining
+		lines[i] = line{level: levelError, plugin: plugin, at: epoch, text: (plugin + fmt.Sprintf("2 q%07d.example.org. A: ", i) + pad)[:maxMessageBytes]}
+	}
+	var m0, m1, m2, m3 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	for _, ln := range lines {
+		ln.text = strings.Clone(ln.text) // the listener's allocation, which the event keeps
+		s.observe(ln)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m1)
+	entries := s.corr.cache.values()
+	for i, e := range entries {
+		e.hitters = &hitters{}
+		for j := range hitterSlots {
+			e.hitters.add(cutMember(fmt.Sprintf("%0*d", maxMemberLen, i*hitterSlots+j)))
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m2)
+	ends := make([]*entry, 0, n)
+	for _, e := range entries {
+		e.hitters = nil
+		ends = append(ends, endOf(e, epoch))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m3)
+	perEvent := float64(m1.HeapAlloc-m0.HeapAlloc) / float64(n)
+	perMembers := float64(int64(m2.HeapAlloc)-int64(m1.HeapAlloc)) / float64(n)
+	perEnd := float64(int64(m3.HeapAlloc)-int64(m2.HeapAlloc)+int64(m2.HeapAlloc-m1.HeapAlloc)) / float64(n)
+	b.ReportMetric(perEvent, "B/event")
+	b.ReportMetric(perMembers, "B/members")
+	b.ReportMetric(perEnd, "B/end")
+	b.ReportMetric(float64(n)*(2*(perEvent+perMembers)+perEnd)/(1<<20), "MiB/bound")
+	runtime.KeepAlive(s)
+	runtime.KeepAlive(ends)
+	runtime.KeepAlive(lines) // their texts are no part of the cache
 }

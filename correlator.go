@@ -134,7 +134,7 @@ func (c *correlator) observe(ln line) *entry {
 		if e.hitters == nil {
 			e.hitters = &hitters{}
 		}
-		e.hitters.add(m, ln.at)
+		e.hitters.add(m)
 	}
 	e.see()
 	c.cache.place(e, true)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 	"unicode/utf8"
 )
 
@@ -18,14 +17,13 @@ import (
 const (
 	hitterSlots  = 32
 	promoteAt    = 10  // lines of one member that make it an event of its own
-	maxMemberLen = 128 // bytes of a member kept: names are at most 253, escaped up to 4 times that
+	maxMemberLen = 64  // bytes of a member kept, so that a summary takes at most a few KiB
 	maxHitters   = 256 // bytes of a message that name hitters
 )
 
 type hitter struct {
 	member     string
-	count, err int64     // count is an upper bound, count-err a lower bound
-	last       time.Time // of its latest line
+	count, err int64 // count is an upper bound, count-err a lower bound
 }
 
 // hitters is the summary of the members of a combined event.
@@ -34,8 +32,8 @@ type hitters struct {
 	lines int64
 }
 
-// add counts a line of member at at.
-func (h *hitters) add(member string, at time.Time) {
+// add counts a line of member.
+func (h *hitters) add(member string) {
 	h.lines++
 	if member == "" {
 		return
@@ -45,7 +43,6 @@ func (h *hitters) add(member string, at time.Time) {
 		s := &h.slots[i]
 		if s.member == member {
 			s.count++
-			s.last = at
 			return
 		}
 		if least < 0 || s.count < h.slots[least].count {
@@ -53,11 +50,11 @@ func (h *hitters) add(member string, at time.Time) {
 		}
 	}
 	if len(h.slots) < hitterSlots {
-		h.slots = append(h.slots, hitter{member: member, count: 1, last: at})
+		h.slots = append(h.slots, hitter{member: member, count: 1})
 		return
 	}
 	s := &h.slots[least]
-	*s = hitter{member: member, count: s.count + 1, err: s.count, last: at}
+	*s = hitter{member: member, count: s.count + 1, err: s.count}
 }
 
 // lowerBound is the least number of lines member may have had.

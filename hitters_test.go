@@ -29,9 +29,9 @@ func TestMemberIsFirstNameElseAddress(t *testing.T) {
 func TestHittersNameHeavyMembers(t *testing.T) {
 	var h hitters
 	for i := range 1000 {
-		h.add(fmt.Sprintf("c%d.client.example", i), epoch)
+		h.add(fmt.Sprintf("c%d.client.example", i))
 		if i%16 == 0 {
-			h.add("db.corp.example", epoch)
+			h.add("db.corp.example")
 		}
 	}
 	top := h.top()
@@ -46,7 +46,7 @@ func TestHittersNameHeavyMembers(t *testing.T) {
 	}
 	var many hitters
 	for i := range 40 * hitterSlots {
-		many.add(fmt.Sprintf("%s%d.example", strings.Repeat("x", 100), i%(hitterSlots/2)), epoch)
+		many.add(fmt.Sprintf("%s%d.example", strings.Repeat("x", 100), i%(hitterSlots/2)))
 	}
 	if s := many.String(); len(s) > maxHitters || strings.Count(s, "≥") < 2 {
 		t.Errorf("%d bytes naming %d members, want at most %d", len(s), strings.Count(s, "≥"), maxHitters)
