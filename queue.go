@@ -2,30 +2,29 @@ package k8s_event
 
 import (
 	"container/heap"
+	"container/list"
 	"time"
 )
 
-// The order in which the entries of one bucket take its tokens, so that
-// new information goes first and no noise holds it back: entries settling
-// (evicted, their latest write unanswered), in the order they began to wait; then events whose
-// patch found them gone, to be created anew; then the plugins, least
-// recently served first, so that each plugin waiting puts at most one
-// event before a plugin served after it; within a plugin, new events
-// (never written) and updates of written ones take turns, new first,
-// each oldest first. An entry waiting for a time (a backoff, a
-// Retry-After, the quiet of its storm) is in the timers, by time. Every
-// choice is a heap operation: O(log n) in the entries waiting. Owned by the
-// scheduler's goroutine.
+// The order in which a bucket's entries take its tokens, new information
+// first: entries settling (evicted, their latest write unanswered); events
+// whose patch found them gone; then the plugins, least recently served
+// first, so that each plugin waiting puts at most one event before one
+// served after it; within a plugin, new events and updates of written ones
+// take turns, new first; each in the order it began to wait. Entries
+// waiting for a time (backoff, Retry-After, quiet) are in the timers. Every
+// choice is a heap operation. Owned by the scheduler's goroutine.
 
 // slot is where an entry waits: one heap at a time, or none.
 type slot struct {
 	in       *entryHeap
 	index    int
-	owner    *pluginQueue // of in, when in is a plugin's
-	stamp    uint64       // when it began to wait for a write that lands: oldest first
-	at       time.Time    // in the timers: when to look at it again
-	recreate bool         // its patch found the event gone
-	parked   bool         // a create waiting for the pod's read
+	owner    *pluginQueue  // of in, when in is a plugin's
+	stamp    uint64        // when it began to wait for a write that lands: oldest first
+	at       time.Time     // in the timers: when to look at it again
+	recreate bool          // its patch found the event gone
+	parked   bool          // a create waiting for the pod's read
+	never    *list.Element // in its bucket's unwritten, while it waits and was never written
 }
 
 // entryHeap is a heap of entries that know their place in it.
@@ -93,6 +92,7 @@ type tokenQueue struct {
 	plugins            map[string]*pluginQueue
 	turns              turns
 	turn               uint64
+	unwritten          list.List // of the entries never written that wait, oldest first
 }
 
 func newTokenQueue() *tokenQueue {

@@ -38,7 +38,6 @@ type flight struct {
 	full   bool   // the count is 2^31-1: the object is full
 	retry  bool   // a create under a name tried before
 	read   bool   // a read of the pod, made for e's create
-	sent   time.Time
 }
 
 type scheduler struct {
@@ -50,8 +49,7 @@ type scheduler struct {
 	queues   [numBuckets]*tokenQueue // who takes each bucket's next token (queue.go)
 	timers   entryHeap               // entries waiting for a time: a backoff, a Retry-After, a quiet
 	parked   []*entry                // creates waiting for the pod's read
-	stamp    uint64
-	now      time.Time // of the message being handled
+	now      time.Time               // of the message being handled
 	flights  map[uint64]flight
 	lastID   uint64
 	pod      podIdentity
@@ -101,9 +99,7 @@ func (s *scheduler) observe(ln line) bool {
 	if ln.at.After(s.observed) {
 		s.observed = ln.at
 	}
-	if e.slot.in == nil || e.slot.in == &s.timers {
-		s.place(e)
-	}
+	s.place(e)
 	settled := s.settled
 	s.settled = false
 	return settled || e.pending() == 1 && e.inflight == 0
@@ -119,9 +115,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 	s.corr.resize(set.cacheSize)
 	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
 		for _, e := range s.corr.cache.values() {
-			if e.slot.in == nil && e.inflight == 0 {
-				s.place(e)
-			}
+			s.place(e)
 		}
 	}
 	for _, e := range s.settlingEntries() {
@@ -137,8 +131,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 	s.trimEnds()
 }
 
-// trimEnds holds the ends waiting to the limit: those beyond it and not
-// in flight are forgotten.
+// trimEnds forgets the ends waiting beyond the limit and not in flight.
 func (s *scheduler) trimEnds() {
 	limit := s.endLimit()
 	for _, e := range s.ends.list[min(limit, len(s.ends.list)):] {
@@ -250,7 +243,7 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			}
 			read = must
 		}
-		if s.holding(b, e, now, soon) {
+		if s.holding(b, e, now) {
 			break
 		}
 		id := s.nextID()
@@ -272,31 +265,27 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 }
 
 // holding tells that, in the flush, bucket b's last token waits for a
-// patch in flight, at most the write time-out: should the event be gone,
+// patch in flight (for at most its time-out): should the event be gone,
 // its re-create takes it, not e, which came after.
-func (s *scheduler) holding(b level, e *entry, now time.Time, soon func(time.Time)) bool {
+func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
 	if !s.stopping || e.slot.recreate || !s.buckets[b].last(now) {
 		return false
 	}
 	for _, f := range s.flights {
-		if f.bucket == b && f.verb == verbPatch && now.Before(f.sent.Add(writeTimeout)) {
-			soon(f.sent.Add(writeTimeout))
+		if f.bucket == b && f.verb == verbPatch {
 			return true
 		}
 	}
 	return false
 }
 
-// showDelays sets, for each reason, the first line of the oldest event
-// never written that waits for a token, and the bound of a new line: a
-// refill for each plugin waiting, the write, and the pod's read.
+// showDelays shows, by reason, the oldest event never written, and the bound
+// of a new line: a refill for each plugin waiting, the write, the pod's read.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		var since int64
-		for _, p := range s.queues[l].turns {
-			if p.fresh.Len() > 0 && (since == 0 || p.fresh.es[0].first.UnixNano() < since) {
-				since = p.fresh.es[0].first.UnixNano()
-			}
+		if f := s.queues[l].unwritten.Front(); f != nil {
+			since = f.Value.(*entry).first.UnixNano()
 		}
 		bound := time.Duration(min(float64(max(len(s.queues[l].turns), 1))/s.set.qps, 365*24*3600)*1e9) + writeTimeout
 		if s.pod.lookup {
@@ -310,10 +299,8 @@ func (s *scheduler) showDelays() {
 // park sets the create e aside until the pod's read is back or due.
 func (s *scheduler) park(e *entry) {
 	s.unqueue(e)
-	if !e.slot.parked {
-		e.slot.parked = true
-		s.parked = append(s.parked, e)
-	}
+	e.slot.parked = true
+	s.parked = append(s.parked, e)
 }
 
 // place puts e where it waits now: in its bucket's queue, in the timers,
@@ -337,8 +324,10 @@ func (s *scheduler) place(e *entry) {
 		s.wait(e, at)
 	default:
 		if e.slot.stamp == 0 {
-			s.stamp++
-			e.slot.stamp = s.stamp
+			e.slot.stamp = s.nextID() // increasing, as stamps must be
+			if e.carried == 0 && e.end == nil {
+				e.slot.never = s.queues[e.key.level].unwritten.PushBack(e)
+			}
 		}
 		_, settling := s.settling[e]
 		s.queues[bucketOf(e)].push(e, settling)
@@ -417,7 +406,7 @@ func (s *scheduler) deferred(e *entry, b level) {
 
 // prepare makes the request that writes e, with the token id of bucket b.
 func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request {
-	f := flight{e: e, bucket: b, sent: now}
+	f := flight{e: e, bucket: b}
 	var spec writeSpec
 	if e.end != nil {
 		spec = writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at, last: e.end.at, end: true}
@@ -531,6 +520,9 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 		}
 		s.failed(e, res, now)
 	}
+	if e.carried > 0 {
+		s.forget(e)
+	}
 	countAnswer(res, expected)
 }
 
@@ -618,4 +610,13 @@ func (s *scheduler) drop(e *entry, reason dropReason) {
 		s.doubtful += min(e.doubt-e.carried, e.pending())
 	}
 	e.tally.drop(reason)
+	s.forget(e)
+}
+
+// forget takes e out of its bucket's list of the entries never written.
+func (s *scheduler) forget(e *entry) {
+	if e.slot.never != nil {
+		s.queues[e.key.level].unwritten.Remove(e.slot.never)
+		e.slot.never = nil
+	}
 }
