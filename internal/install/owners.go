@@ -9,6 +9,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -37,6 +38,11 @@ func otherOwners(d *appsv1.Deployment, t *target, l *layout) []string {
 	}
 	if key := withPrefix(d.ObjectMeta, "objectset.rio.cattle.io/"); key != "" {
 		reasons = append(reasons, fmt.Sprintf("%s is applied by the k3s (or RKE2) deploy controller (%s), which puts back its manifest; on k3s, disable the packaged CoreDNS (--disable coredns) and run your own", ref, key))
+	}
+	if held := lastApplied(d, t); len(held) > 0 {
+		if who := applyingController(d); who != "" {
+			reasons = append(reasons, fmt.Sprintf("%s is applied client-side by %s, and its last-applied configuration holds %s: the next sync puts back what install sets; change the Application's source instead, for example with the kustomize component deploy/k8s_event/component", ref, who, strings.Join(held, " and ")))
+		}
 	}
 	if t != nil {
 		ctr := d.Spec.Template.Spec.Containers[t.container].Name
@@ -125,4 +131,44 @@ func changedBy(d *appsv1.Deployment, t *target) string {
 		return ""
 	}
 	return ", by " + strings.Join(who, " or ")
+}
+
+// lastApplied names the fields install sets that the Deployment's
+// last-applied configuration (kubectl apply's, client-side) holds: the
+// next apply of that configuration puts them back.
+func lastApplied(d *appsv1.Deployment, t *target) []string {
+	raw := d.Annotations[corev1.LastAppliedConfigAnnotation]
+	if raw == "" || t == nil {
+		return nil
+	}
+	var applied appsv1.Deployment
+	if json.Unmarshal([]byte(raw), &applied) != nil {
+		return nil
+	}
+	ctr := d.Spec.Template.Spec.Containers[t.container].Name
+	vol := d.Spec.Template.Spec.Volumes[t.volume].Name
+	spec := applied.Spec.Template.Spec
+	var held []string
+	if slices.ContainsFunc(spec.Containers, func(c corev1.Container) bool { return c.Name == ctr && c.Image != "" }) {
+		held = append(held, "the image")
+	}
+	if slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == vol && v.ConfigMap != nil && v.ConfigMap.Name != "" }) {
+		held = append(held, "the config volume")
+	}
+	return held
+}
+
+// applyingController names the controller that keeps applying the
+// Deployment client-side: Argo CD, by an argocd-* field manager or its
+// tracking label, or "" for none known.
+func applyingController(d *appsv1.Deployment) string {
+	for _, m := range d.ManagedFields {
+		if strings.HasPrefix(m.Manager, "argocd") {
+			return fmt.Sprintf("Argo CD (field manager %q)", m.Manager)
+		}
+	}
+	if app, ok := d.Labels["app.kubernetes.io/instance"]; ok && d.Labels["app.kubernetes.io/managed-by"] != "Helm" {
+		return fmt.Sprintf("Argo CD (its tracking label app.kubernetes.io/instance: %s)", app)
+	}
+	return ""
 }

@@ -3,6 +3,8 @@ package install
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	appsv1 "k8s.io/api/apps/v1"
 	"strings"
 	"testing"
 
@@ -125,5 +127,62 @@ func TestInstallRefusesNodeHostsUnlessForced(t *testing.T) {
 	c := newClient(d, cm)
 	if err := Install(context.Background(), c, Options{Image: image}); !IsRefused(err) || !strings.Contains(err.Error(), "NodeHosts") {
 		t.Errorf("install: %v", err)
+	}
+}
+
+// lastAppliedOf is a kubectl.kubernetes.io/last-applied-configuration of d
+// as a client-side apply of its manifest leaves it.
+func lastAppliedOf(t *testing.T, d *appsv1.Deployment) string {
+	t.Helper()
+	m := d.DeepCopy()
+	m.TypeMeta = metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"}
+	m.ObjectMeta = metav1.ObjectMeta{Name: d.Name, Namespace: d.Namespace, Labels: d.Labels}
+	m.Status = appsv1.DeploymentStatus{}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// Argo CD 2.x with its defaults tracks by label and applies client-side:
+// no argocd.argoproj.io key, but its last-applied configuration holds the
+// image and the config volume, and its next sync puts them back. Install
+// refuses unless forced; a plain kubectl apply gets a warning.
+func TestInstallRefusesAClientSideApplierThatKeepsApplying(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		labels  map[string]string
+		manager string
+		refused string // "" when only warned
+	}{
+		{"argo cd label tracking", map[string]string{"app.kubernetes.io/instance": "dns"}, "", "Argo CD"},
+		{"argo cd field manager", nil, "argocd-application-controller", `field manager "argocd-application-controller"`},
+		{"kubectl apply", nil, "kubectl-client-side-apply", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := deployment()
+			for k, v := range tc.labels {
+				d.Labels[k] = v
+			}
+			d.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: lastAppliedOf(t, d)}
+			d.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: tc.manager, Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "apps/v1"}}
+			c := newClient(d, configMap())
+			var out bytes.Buffer
+			err := Install(ctx, c, Options{Image: image, Out: &out})
+			if tc.refused == "" {
+				if err != nil || !strings.Contains(out.String(), "warning: deployment kube-system/coredns was applied with kubectl apply") {
+					t.Errorf("install: %v, want a warning:\n%s", err, out.String())
+				}
+				return
+			}
+			if !IsRefused(err) || !strings.Contains(err.Error(), tc.refused) || !strings.Contains(err.Error(), "last-applied configuration holds the image and the config volume") {
+				t.Fatalf("install: %v, want it refused with %q", err, tc.refused)
+			}
+			if err := Install(ctx, c, withForce(Options{Image: image})); err != nil {
+				t.Errorf("--force: %v", err)
+			}
+		})
 	}
 }

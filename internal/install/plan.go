@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -136,6 +137,9 @@ func (r *run) ownerRefusals(t *target, l *layout) []string {
 		} else {
 			refuse = append(refuse, why)
 		}
+	}
+	if held := lastApplied(d, t); len(held) > 0 && applyingController(d) == "" {
+		r.warn(fmt.Sprintf("deployment %s/%s was applied with kubectl apply, and its last-applied configuration holds %s: applying that manifest again puts back what install sets; change it there too", d.Namespace, d.Name, strings.Join(held, " and ")))
 	}
 	if d.Spec.Paused {
 		refuse = append(refuse, fmt.Sprintf("deployment %s/%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume deployment/%s first", d.Namespace, d.Name, d.Namespace, d.Name))
