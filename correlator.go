@@ -39,8 +39,11 @@ type entry struct {
 	tally
 	message     string // latest line; a combined event adds combinedPrefix when written
 	first, last time.Time
-	// stamped is the latest wall time of its lines, without a monotonic
-	// reading: the lastTimestamp written (laterOnWall).
+	// stamped is the latest wall time of its lines, the lastTimestamp
+	// written. Line times keep their monotonic reading, so that quiet and
+	// the budgets measure time that passed across a step of the wall clock;
+	// but Go compares two such times on it alone, and after a step back the
+	// latest line has the earlier wall time: lastTimestamp would move back.
 	stamped time.Time
 	seq     uint64 // of its latest line: the least recently seen goes first
 
@@ -147,7 +150,9 @@ func (c *correlator) observe(ln line) *entry {
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
-	e.stamped = laterOnWall(e.stamped, ln.at)
+	if at := ln.at.Round(0); at.After(e.stamped) { // on the wall clock
+		e.stamped = at
+	}
 	return e
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -22,7 +23,6 @@ const (
 	// maxMessageBytes is the events.k8s.io limit on a note; core/v1 has
 	// none, but etcd and kubectl output are better off with it.
 	maxMessageBytes = 1024
-	truncMarker     = "... (truncated)"
 	maxInstanceLen  = 128
 	maxNameLen      = 253
 )
@@ -39,11 +39,10 @@ func eventMessage(s string) string {
 }
 
 // escapeControls writes the control characters of s (C0 but tab, DEL, C1)
-// and the bidirectional controls (which reorder what a terminal shows) as
-// visible text, as Go quotes them: \n, \r, \x1b, \u202e. A line is
-// shown by kubectl and exporters; none of its bytes may move the cursor,
-// clear the screen or turn the text around. Backslashes are left alone:
-// CoreDNS's escapes in names (\DDD, \.) read as they did in the log.
+// and the bidirectional controls as Go quotes them (\n, \x1b, \u202e): in
+// kubectl's output no line may move the cursor, clear the screen or turn
+// text around. Backslashes stay: CoreDNS's escapes (\DDD, \.) read as in
+// the log.
 func escapeControls(s string) string {
 	i := indexHidden(s)
 	if i < 0 {
@@ -51,18 +50,12 @@ func escapeControls(s string) string {
 	}
 	b := make([]byte, 0, len(s)+16)
 	for _, r := range s[i:] {
-		switch {
-		case !hidden(r):
+		if !hidden(r) {
 			b = utf8.AppendRune(b, r)
-		case r == '\n':
-			b = append(b, `\n`...)
-		case r == '\r':
-			b = append(b, `\r`...)
-		case r < utf8.RuneSelf:
-			b = fmt.Appendf(b, `\x%02x`, r)
-		default:
-			b = fmt.Appendf(b, `\u%04x`, r)
+			continue
 		}
+		q := strconv.QuoteRune(r)
+		b = append(b, q[1:len(q)-1]...)
 	}
 	return s[:i] + string(b)
 }
@@ -85,10 +78,7 @@ func indexHidden(s string) int {
 }
 
 func hidden(r rune) bool {
-	if r < utf8.RuneSelf {
-		return r < ' ' && r != '\t' || r == utf8.RuneSelf-1
-	}
-	return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
+	return r != '\t' && (unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r))
 }
 
 // cutMarker stands for the middle of a message cut by cutMiddle.
@@ -101,7 +91,7 @@ func cutMiddle(s string, limit int) string {
 	if len(s) <= limit {
 		return s
 	}
-	room := limit - len(cutMarker)
+	room := max(limit-len(cutMarker), 0)
 	head := room / 2
 	for head > 0 && !boundary(s, head) {
 		head--
@@ -113,30 +103,15 @@ func cutMiddle(s string, limit int) string {
 	return s[:head] + cutMarker + s[tail:]
 }
 
-// boundary tells whether s may be cut at i: between two runes, and not
-// inside an escape of escapeControls (\xHH, \uHHHH, \n) or of CoreDNS
-// (\DDD, \.).
+// boundary tells whether s may be cut at i: between runes, not in an
+// escape (escapeLen).
 func boundary(s string, i int) bool {
-	if i == len(s) {
-		return true
-	}
-	if !utf8.RuneStart(s[i]) {
+	if i < len(s) && !utf8.RuneStart(s[i]) {
 		return false
 	}
-	for k := i - 1; k >= max(i-5, 0); k-- {
-		if s[k] != '\\' || k+1 == len(s) {
-			continue
-		}
-		n := 2
-		switch c := s[k+1]; {
-		case c == 'u':
-			n = 6
-		case c == 'x', c >= '0' && c <= '9':
-			n = 4
-		}
-		return k+n <= i
-	}
-	return true
+	from := max(i-5, 0)
+	k := strings.LastIndexByte(s[from:i], '\\')
+	return k < 0 || from+k+escapeLen(s[from+k:]) <= i
 }
 
 // writeSpec is what one write says of an event: a snapshot of its entry.
@@ -229,21 +204,6 @@ func countPatch(s writeSpec) []byte {
 	return patch
 }
 
-// laterOnWall is the later of the wall times of stamped and at, without a
-// monotonic reading. Line times keep theirs, so that quiet and the windows
-// measure time that passed even when the wall clock is stepped (NTP, a VM
-// resumed); but with it, Go compares two times on the monotonic clock
-// alone, and after a step back the latest line has an earlier wall time:
-// lastTimestamp would move back, before firstTimestamp. The event's times
-// are wall times, and the latest of them never moves back.
-func laterOnWall(stamped, at time.Time) time.Time {
-	at = at.Round(0)
-	if at.After(stamped) {
-		return at
-	}
-	return stamped
-}
-
 func clampCount(n int64) int32 { return int32(min(max(n, 0), math.MaxInt32)) }
 
 // eventNames hands out names in client-go's form, <object>.<hex time>,
@@ -312,12 +272,5 @@ func endMessage(prefix, about, top string, count int64, first, last time.Time) s
 	head := fmt.Sprintf("%s%d %s like \"", prefix, count, noun)
 	tail := fmt.Sprintf("\"%s from %s to %s, none since", top, first.Format(layout), last.Format(layout))
 	line := eventMessage(strings.TrimPrefix(about, prefix))
-	if room := maxMessageBytes - len(head) - len(tail); len(line) > room {
-		cut := max(room-len(truncMarker), 0)
-		for cut > 0 && !utf8.RuneStart(line[cut]) {
-			cut--
-		}
-		line = line[:cut] + truncMarker
-	}
-	return head + line + tail
+	return head + cutMiddle(line, maxMessageBytes-len(head)-len(tail)) + tail
 }

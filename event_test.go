@@ -75,11 +75,12 @@ func TestEndMessage(t *testing.T) {
 	}
 }
 
-// TestEndMessageLongLine: a long latest line is cut, on a rune boundary
-// and with the marker, so that the times still end the message.
+// TestEndMessageLongLine: a long latest line is cut in the middle, on a
+// rune boundary and with the marker, so that its cause and the times still
+// end the message.
 func TestEndMessageLongLine(t *testing.T) {
 	at := time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)
-	latest := "plugin/errors: " + strings.Repeat("é", 2000)
+	latest := "plugin/errors: " + strings.Repeat("é", 2000) + ": i/o timeout"
 	got := endMessage("plugin/errors: ", latest, "", 500, at, at.Add(time.Minute))
 	if len(got) > maxMessageBytes {
 		t.Errorf("%d bytes, want at most %d", len(got), maxMessageBytes)
@@ -87,7 +88,7 @@ func TestEndMessageLongLine(t *testing.T) {
 	if !utf8.ValidString(got) {
 		t.Errorf("not valid UTF-8: %q", got)
 	}
-	if want := truncMarker + `" from 10:00:00 to 10:01:00, none since`; !strings.HasSuffix(got, want) {
+	if want := `éé: i/o timeout" from 10:00:00 to 10:01:00, none since`; !strings.HasSuffix(got, want) || !strings.Contains(got, cutMarker) {
 		t.Errorf("ends %q, want %q", got[max(len(got)-80, 0):], want)
 	}
 	if want := `plugin/errors: 500 lines like "éé`; !strings.HasPrefix(got, want) {
@@ -114,8 +115,8 @@ func TestEventMessage(t *testing.T) {
 		{"inner newline", "a\nb", `a\nb`},
 		{"inner CR", "a\rb", `a\rb`},
 		{"ESC", "a\x1b[2Jb", `a\x1b[2Jb`},
-		{"BS", "ab\bc", `ab\x08c`},
-		{"BEL", "a\ab", `a\x07b`},
+		{"BS", "ab\bc", `ab\bc`},
+		{"BEL", "a\ab", `a\ab`},
 		{"DEL", "a\x7fb", `a\x7fb`},
 		{"C1", "a\u0085b\u009bc", `a\u0085b\u009bc`},
 		{"tab", "a\tb", "a\tb"},
@@ -209,7 +210,7 @@ func TestControlCharactersReachTheAPIEscaped(t *testing.T) {
 	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
 	h.observe(ln(levelError, "errors", "2 a.example. A: \x1b[2J\r\n\b\a\u202eexample.org\n", clk.Now()))
 	drain(h)
-	if got, want := only(t, events(t, api)).Message, `plugin/errors: 2 a.example. A: \x1b[2J\r\n\x08\x07\u202eexample.org`; got != want {
+	if got, want := only(t, events(t, api)).Message, `plugin/errors: 2 a.example. A: \x1b[2J\r\n\b\a\u202eexample.org`; got != want {
 		t.Errorf("message %q, want %q", got, want)
 	}
 }

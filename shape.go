@@ -460,12 +460,16 @@ func isName(w string) bool {
 	return letter && dot && labelLen > 0
 }
 
-// escapeLen is the length of the escape w starts with, \DDD or \X with X
-// not a digit; 0 when it is none.
+// escapeLen is the length of the escape w starts with: CoreDNS's \DDD and
+// \X (X no digit), eventMessage's \xHH and \uHHHH; 0 when it is none.
 func escapeLen(w string) int {
 	switch {
 	case len(w) < 2:
 		return 0
+	case w[1] == 'x' && len(w) >= 4:
+		return 4
+	case w[1] == 'u' && len(w) >= 6:
+		return 6
 	case w[1] < '0' || w[1] > '9':
 		return 2
 	case len(w) >= 4 && isDigits(w[1:4]):

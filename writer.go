@@ -134,12 +134,11 @@ func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached 
 	return wrote.Load(), err
 }
 
-// warningCounter counts the warnings the API server sends back with an
-// answer (a ValidatingAdmissionPolicy in Warn mode, an admission webhook).
-// client-go's default handler would log them through klog, which CoreDNS's
-// kubernetes plugin routes into a plugin logger: each warning would become
-// an event whose write is warned about again. It is set on every request,
-// never as the process-wide default, which is the other plugins' own.
+// warningCounter counts the warnings of the API's answers. client-go's
+// default handler logs them through klog, which CoreDNS's kubernetes plugin
+// makes lines of a plugin: each warning would become an event whose write
+// is warned about again. Set on every request, never as the process-wide
+// default, which is the other plugins'.
 type warningCounter struct{ verb verb }
 
 func (w warningCounter) HandleWarningHeader(code int, _, message string) {
