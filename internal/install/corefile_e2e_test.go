@@ -4,12 +4,10 @@ package install
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -71,7 +69,7 @@ func buildCoreDNS(ctx context.Context, t *testing.T) string {
 	if err != nil {
 		t.Fatalf("find the module root: %v", err)
 	}
-	bin := filepath.Join(t.TempDir(), "coredns")
+	bin := t.TempDir() + "/coredns"
 	build := exec.CommandContext(ctx, "go", "build", "-race", "-o", bin, "./test/cmd/coredns")
 	build.Dir = strings.TrimSpace(string(root))
 	if out, err := build.CombinedOutput(); err != nil {
@@ -110,12 +108,12 @@ func failsToStart(t *testing.T, bin, corefile string, port int, want string) {
 func runCoreDNS(t *testing.T, bin, corefile string, port int) (*cluster.Process, bool) {
 	t.Helper()
 	dir := t.TempDir()
-	conf := filepath.Join(dir, "Corefile")
+	conf := dir + "/Corefile"
 	if err := os.WriteFile(conf, []byte(corefile), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	env := []string{"COREDNS_POD_NAME=coredns-corpus", "COREDNS_NAMESPACE=default", "COREDNS_POD_UID=00000000-0000-0000-0000-000000000001", "COREDNS_NODE_NAME=node-e2e"}
-	p, err := cluster.StartProcess("coredns", filepath.Join(dir, "coredns.log"), env, bin, "-conf", conf)
+	p, err := cluster.StartProcess("coredns", dir+"/coredns.log", env, bin, "-conf", conf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +130,13 @@ func runCoreDNS(t *testing.T, bin, corefile string, port int) (*cluster.Process,
 	return p, false
 }
 
-var keyPort = regexp.MustCompile(`(:\d+)?$`)
+// withPort is a server block's key with port for its own.
+func withPort(key string, port int) string {
+	if i := strings.LastIndexByte(key, ':'); i >= 0 && strings.Trim(key[i+1:], "0123456789") == "" {
+		key = key[:i]
+	}
+	return key + ":" + strconv.Itoa(port)
+}
 
 // localCorefile is corefile made to run here: every server block on
 // port, kubernetes and kubeapi with kubeconfig, health, ready and
@@ -153,7 +157,7 @@ func localCorefile(corefile string, port int, kubeconfig string) (string, error)
 		} else {
 			for k := b.open - len(b.keys); k < b.open; k++ {
 				t := c.tokens[k]
-				splices = append(splices, splice{t.start, t.end, keyPort.ReplaceAllString(c.src[t.start:t.end], ":"+strconv.Itoa(port))})
+				splices = append(splices, splice{t.start, t.end, withPort(c.src[t.start:t.end], port)})
 			}
 		}
 		for _, s := range b.stanzas {
@@ -211,7 +215,7 @@ func (c *corefileText) localStanza(s stanza, kubeconfig string) ([]splice, error
 		return []splice{{name.start, c.tokens[s.end-1].end, ""}}, nil
 	case "forward":
 		if args.end-args.first < 2 {
-			return nil, fmt.Errorf("Corefile:%d: forward without a destination", name.line)
+			return nil, errors.New("Corefile:" + strconv.Itoa(name.line) + ": forward without a destination")
 		}
 		addr, err := free()
 		return []splice{{c.tokens[args.first+1].start, c.tokens[args.end-1].end, addr}}, err
