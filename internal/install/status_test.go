@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // componentInstall is k8s_event as the kustomize component sets it up:
@@ -45,16 +46,7 @@ func TestStatusSaysInstalledByOtherMeans(t *testing.T) {
 // status tells when the pods run under another ServiceAccount than the
 // one the RoleBinding binds.
 func TestStatusSaysThePodsRunUnderAnotherServiceAccount(t *testing.T) {
-	ctx := context.Background()
-	c := newClient(deployment(), configMap())
-	if err := Install(ctx, c, Options{Image: image}); err != nil {
-		t.Fatal(err)
-	}
-	d := get(t, c)
-	d.Spec.Template.Spec.ServiceAccountName = "dns"
-	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, d, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c := installedThen(t, func(d *appsv1.Deployment) { d.Spec.Template.Spec.ServiceAccountName = "dns" })
 	text, healthy := statusText(t, c)
 	if healthy || !strings.Contains(text, "serviceaccount kube-system/dns") {
 		t.Errorf("status does not tell the ServiceAccount the pods run under:\n%s", text)
@@ -140,15 +132,8 @@ func statusText(t *testing.T, c kubernetes.Interface) (string, bool) {
 // few do.
 func TestStatusCountsThePodsThatRunTheInstalledTemplate(t *testing.T) {
 	ctx := context.Background()
-	c := newClient(deployment(), configMap())
-	if err := Install(ctx, c, Options{Image: image}); err != nil {
-		t.Fatal(err)
-	}
+	c := installedThen(t, func(d *appsv1.Deployment) { d.Spec.Paused = true })
 	d := get(t, c)
-	d.Spec.Paused = true
-	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, d, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	pod := func(name string, annotations map[string]string) {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", Labels: map[string]string{"k8s-app": "kube-dns"}, Annotations: annotations},
 			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
@@ -175,4 +160,21 @@ func TestStatusCountsThePodsThatRunTheInstalledTemplate(t *testing.T) {
 	if err != nil || !s.Healthy() || s.Running != 3 {
 		t.Errorf("status once the pods run the installed template: %+v, %v", s, err)
 	}
+}
+
+// installedThen is a client where k8s_event is installed on deployment(),
+// whose Deployment edit then changes as an operator would.
+func installedThen(t *testing.T, edit func(d *appsv1.Deployment)) *fake.Clientset {
+	t.Helper()
+	ctx := context.Background()
+	c := newClient(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	d := get(t, c)
+	edit(d)
+	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
