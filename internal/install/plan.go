@@ -319,7 +319,7 @@ func (r *run) planStrategy(p *installPlan, want *appsv1.Deployment) []string {
 		tmp = nil
 		r.res.Rollout = "with the Deployment's own strategy (--force)"
 	}
-	setRolloutStrategy(want, p.before.Spec.Strategy, tmp)
+	setRolloutStrategy(want, p.before, tmp, settleFor(p.before, o))
 	p.strategy = tmp
 	return refuse
 }

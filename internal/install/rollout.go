@@ -76,7 +76,8 @@ func strategyString(s appsv1.DeploymentStrategy) string {
 }
 
 // strategyPatch is the merge patch that sets the strategy to s.
-func strategyPatch(s appsv1.DeploymentStrategy) []byte {
+func strategyPatch(op *appsv1.Deployment) []byte {
+	s := op.Spec.Strategy
 	m := map[string]any{"type": s.Type}
 	if s.RollingUpdate != nil {
 		m["rollingUpdate"] = s.RollingUpdate
@@ -86,25 +87,26 @@ func strategyPatch(s appsv1.DeploymentStrategy) []byte {
 	if s.Type == "" {
 		m["type"] = nil
 	}
-	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{StrategyAnnotation: nil}}, "spec": map[string]any{"strategy": m}})
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{StrategyAnnotation: nil}}, "spec": map[string]any{"strategy": m, "minReadySeconds": op.Spec.MinReadySeconds}})
 	return b
 }
 
 // setStrategy puts s back as the Deployment's strategy.
-func setStrategy(ctx context.Context, c kubernetes.Interface, ns, name string, s appsv1.DeploymentStrategy) error {
-	_, err := c.AppsV1().Deployments(ns).Patch(ctx, name, types.MergePatchType, strategyPatch(s), metav1.PatchOptions{FieldManager: FieldManager})
+func setStrategy(ctx context.Context, c kubernetes.Interface, op *appsv1.Deployment) error {
+	_, err := c.AppsV1().Deployments(op.Namespace).Patch(ctx, op.Name, types.MergePatchType, strategyPatch(op), metav1.PatchOptions{FieldManager: FieldManager})
 	return err
 }
 
 // strategyCommand is the command that puts s back.
-func strategyCommand(ns, name string, s appsv1.DeploymentStrategy) string {
-	return fmt.Sprintf("kubectl -n %s patch deployment %s --type=merge -p '%s'", ns, name, strategyPatch(s))
+func strategyCommand(op *appsv1.Deployment) string {
+	return fmt.Sprintf("kubectl -n %s patch deployment %s --type=merge -p '%s'", op.Namespace, op.Name, strategyPatch(op))
 }
 
 // waitRollout waits, for up to within, until every replica of the
 // Deployment runs its current template and is available. On time out it
-// says why the new pods are not Ready.
-func waitRollout(ctx context.Context, c kubernetes.Interface, ns, name string, within time.Duration) (*appsv1.Deployment, error) {
+// says why the new pods are not Ready. With t, a container of the new
+// template that restarts fails the wait at once.
+func waitRollout(ctx context.Context, c kubernetes.Interface, ns, name string, within time.Duration, t *target) (*appsv1.Deployment, error) {
 	var last *appsv1.Deployment
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
 		d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
@@ -112,10 +114,18 @@ func waitRollout(ctx context.Context, c kubernetes.Interface, ns, name string, w
 			return false, nil
 		}
 		last = d
+		if t != nil {
+			if err := restarted(ctx, c, d, t); err != nil {
+				return false, err
+			}
+		}
 		return RolledOut(d), nil
 	})
 	if err == nil {
 		return last, nil
+	}
+	if !wait.Interrupted(err) {
+		return last, err
 	}
 	st := ""
 	if last != nil {
@@ -207,7 +217,7 @@ func putBack(ctx context.Context, c kubernetes.Interface, before *appsv1.Deploym
 	if err != nil {
 		return err
 	}
-	_, err = waitRollout(ctx, c, ns, name, within)
+	_, err = waitRollout(ctx, c, ns, name, within, nil)
 	return err
 }
 
@@ -322,7 +332,7 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv
 		return context.WithTimeout(context.WithoutCancel(ctx), min(o.Wait, 2*time.Minute)+30*time.Second)
 	}
 	if o.Wait > 0 {
-		now, err := waitRollout(ctx, c, ns, name, o.Wait)
+		now, err := waitRollout(ctx, c, ns, name, o.Wait, t)
 		if err == nil {
 			if err := verify(now); err != nil {
 				// Someone else's template is rolling: leave it, but give
@@ -344,8 +354,8 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv
 	bctx, cancel := after()
 	defer cancel()
 	if tmp != nil {
-		if err := setStrategy(bctx, c, ns, name, before.Spec.Strategy); err != nil {
-			r.res.Undo = strategyCommand(ns, name, before.Spec.Strategy)
+		if err := setStrategy(bctx, c, before); err != nil {
+			r.res.Undo = strategyCommand(before)
 			return fmt.Errorf("the rollout is done, but putting back the strategy failed (%v): run\n  %s", err, r.res.Undo)
 		}
 		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "strategy back to " + strategyString(before.Spec.Strategy)}, fmt.Sprintf("patch deployment %s/%s", ns, name))
@@ -365,11 +375,10 @@ func (r *run) strategyBack(after func() (context.Context, context.CancelFunc), c
 	if tmp == nil {
 		return err
 	}
-	ns, name := before.Namespace, before.Name
 	bctx, cancel := after()
 	defer cancel()
-	if serr := setStrategy(bctx, c, ns, name, before.Spec.Strategy); serr != nil {
-		r.res.Undo = strategyCommand(ns, name, before.Spec.Strategy)
+	if serr := setStrategy(bctx, c, before); serr != nil {
+		r.res.Undo = strategyCommand(before)
 		return fmt.Errorf("%w; putting back the strategy failed (%v): run\n  %s", err, serr, r.res.Undo)
 	}
 	return err
@@ -386,7 +395,7 @@ func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before 
 	perr := putBack(ctx, c, before, min(o.Wait, 2*time.Minute))
 	var serr error
 	if tmp != nil {
-		serr = setStrategy(ctx, c, ns, name, before.Spec.Strategy)
+		serr = setStrategy(ctx, c, before)
 	}
 	if perr == nil && serr == nil {
 		// What the run created for the pods that did not start goes too.
@@ -409,7 +418,7 @@ func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before 
 		perr = fmt.Errorf("the template is back as it was, but its rollout has not finished (%d of %d available; %d were before the install): kubectl -n %s describe deployment/%s says why; undoing the rollout would go back to the failed revision", have, want, before.Status.AvailableReplicas, ns, name)
 	}
 	if serr != nil {
-		todo = append(todo, strategyCommand(ns, name, before.Spec.Strategy))
+		todo = append(todo, strategyCommand(before))
 	}
 	if len(todo) == 0 {
 		return fmt.Errorf("%w; %v", err, perr)

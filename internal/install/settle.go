@@ -93,6 +93,20 @@ func settle(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t
 	return askPods(ctx, pods, t)
 }
 
+// restarted fails a rollout whose new pods' container has restarted.
+func restarted(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t *target) error {
+	pods, err := templatePods(ctx, c, d, t)
+	if err != nil {
+		return nil
+	}
+	for _, p := range pods {
+		if n := restarts(&p, t); n > 0 {
+			return fmt.Errorf("deployment %s/%s did not roll out: pod %s of the new template restarted %d times%s", d.Namespace, d.Name, p.Name, n, lastState(&p, t))
+		}
+	}
+	return nil
+}
+
 // templatePods are the pods that run d's template: its image, its config
 // volume, its record.
 func templatePods(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t *target) ([]corev1.Pod, error) {

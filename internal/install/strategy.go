@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,49 +23,60 @@ import (
 // back, uninstall gives it back too, and status says so.
 const StrategyAnnotation = "k8s-event.coredns.io/strategy"
 
-// recordedStrategy is the operator's strategy a run recorded on d, or nil
-// when none did.
-func recordedStrategy(d *appsv1.Deployment) (*appsv1.DeploymentStrategy, error) {
+// rolloutRecord is the value of StrategyAnnotation: the operator's
+// strategy and minReadySeconds, which a run changes for its rollout.
+type rolloutRecord struct {
+	Strategy        appsv1.DeploymentStrategy `json:"strategy"`
+	MinReadySeconds int32                     `json:"minReadySeconds,omitempty"`
+}
+
+// recordedStrategy is what a run recorded of the operator's rollout
+// settings on d, or nil when none did.
+func recordedStrategy(d *appsv1.Deployment) (*rolloutRecord, error) {
 	v, ok := d.Annotations[StrategyAnnotation]
 	if !ok {
 		return nil, nil
 	}
-	var s appsv1.DeploymentStrategy
+	var s rolloutRecord
 	if err := json.Unmarshal([]byte(v), &s); err != nil {
 		return nil, fmt.Errorf("deployment %s/%s: annotation %s: %w", d.Namespace, d.Name, StrategyAnnotation, err)
 	}
 	return &s, nil
 }
 
-// operatorView is d as its operator set it: the strategy a run recorded
-// in place of the temporary one that run left, and no record. A record
-// that does not parse is left as it is.
+// operatorView is d as its operator set it: the strategy and
+// minReadySeconds a run recorded in place of the temporary ones that run
+// left, and no record. A record that does not parse is left as it is.
 func operatorView(d *appsv1.Deployment) *appsv1.Deployment {
 	s, err := recordedStrategy(d)
 	if s == nil || err != nil {
 		return d
 	}
 	v := d.DeepCopy()
-	v.Spec.Strategy = *s
+	v.Spec.Strategy, v.Spec.MinReadySeconds = s.Strategy, s.MinReadySeconds
 	delete(v.Annotations, StrategyAnnotation)
 	return v
 }
 
 // setRolloutStrategy gives want the strategy its pods roll with: tmp,
-// recording the operator's beside it, or, when tmp is nil, the
+// with minReadySeconds raised to the settle time, so that the controller
+// takes no old pod away before a new one has been Ready that long (on a
+// node's network an old pod can answer a new pod's readiness probe), and
+// the operator's settings recorded beside them; or, when tmp is nil, the
 // operator's, with no record.
-func setRolloutStrategy(want *appsv1.Deployment, operator appsv1.DeploymentStrategy, tmp *appsv1.DeploymentStrategy) {
+func setRolloutStrategy(want, operator *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, settle time.Duration) {
+	want.Spec.Strategy, want.Spec.MinReadySeconds = operator.Spec.Strategy, operator.Spec.MinReadySeconds
+	delete(want.Annotations, StrategyAnnotation)
 	if tmp == nil {
-		want.Spec.Strategy = operator
-		delete(want.Annotations, StrategyAnnotation)
 		return
 	}
-	b, _ := json.Marshal(operator)
+	b, _ := json.Marshal(rolloutRecord{Strategy: operator.Spec.Strategy, MinReadySeconds: operator.Spec.MinReadySeconds})
 	if want.Annotations == nil {
 		want.Annotations = map[string]string{}
 	}
 	want.Annotations[StrategyAnnotation] = string(b)
 	want.Spec.Strategy = *tmp
+	want.Spec.MinReadySeconds = max(operator.Spec.MinReadySeconds, int32(settle/time.Second))
 }
 
 // interruptedRollout says, for status, what a run killed during its wait
@@ -77,7 +89,7 @@ func interruptedRollout(d *appsv1.Deployment) string {
 	case s == nil:
 		return ""
 	}
-	return fmt.Sprintf("a run was cut off during its rollout: the Deployment rolls with the strategy it set (%s) in place of yours (%s), recorded in annotation %s; run install again to finish that rollout and put yours back, or uninstall", strategyString(d.Spec.Strategy), strategyString(*s), StrategyAnnotation)
+	return fmt.Sprintf("a run was cut off during its rollout: the Deployment rolls with the strategy it set (%s) in place of yours (%s), recorded in annotation %s; run install again to finish that rollout and put yours back, or uninstall", strategyString(d.Spec.Strategy), strategyString(s.Strategy), StrategyAnnotation)
 }
 
 // onePerNode reports whether d's pods require a node each: a required pod
@@ -140,7 +152,7 @@ func (r *run) checkSurge(ctx context.Context, c kubernetes.Interface, p *install
 		return []string{why + "; --force rolls with the Deployment's own strategy (" + strategyString(p.before.Spec.Strategy) + "), which takes a pod away before its replacement is Ready"}
 	}
 	r.warn("--force: " + why)
-	setRolloutStrategy(want, p.before.Spec.Strategy, nil)
+	setRolloutStrategy(want, p.before, nil, 0)
 	p.strategy = nil
 	r.res.Rollout = "with the Deployment's own strategy (--force): " + why
 	return nil

@@ -84,7 +84,7 @@ func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*unins
 		// An uninstall cut off during its rollout: the operator's
 		// strategy goes back.
 		want := d.DeepCopy()
-		setRolloutStrategy(want, operatorView(d).Spec.Strategy, nil)
+		setRolloutStrategy(want, operatorView(d), nil, 0)
 		r.res.Rollout = interruptedRollout(d)
 		p.patch, err = deploymentPatch(d, want)
 		return p, err
@@ -157,7 +157,7 @@ func (r *run) uninstallStrategy(p *uninstallPlan, want *appsv1.Deployment) error
 		r.warn("--force: " + why)
 		tmp = nil
 	}
-	setRolloutStrategy(want, base.Spec.Strategy, tmp)
+	setRolloutStrategy(want, base, tmp, settleFor(base, o))
 	p.tmp = tmp
 	return nil
 }
