@@ -2,7 +2,7 @@
 # Builds the binaries that the end-to-end tests run against: kube-apiserver,
 # kubectl and etcd, from the versions pinned in tools/go.mod; and for the
 # node (root on Linux only) kubelet, kube-controller-manager, kube-scheduler,
-# kubeadm (whose CoreDNS addon phase the lifecycle test runs)
+# kube-proxy, kubeadm (whose CoreDNS addon phase the lifecycle test runs)
 # from tools/go.mod and containerd, its runc shim and ctr from
 # tools/containerd/go.mod, plus Debian's runc, CNI plugins, iptables and
 # conntrack; Prometheus with promtool, from Debian's package, for the
@@ -163,7 +163,7 @@ containerd_mod="$tools_mod/containerd"
 install_node() {
 	local missing=()
 	command -v runc >/dev/null || missing+=(runc)
-	[[ -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
+	[[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
 	command -v iptables >/dev/null || missing+=(iptables)
 	command -v conntrack >/dev/null || missing+=(conntrack)
 	if ((${#missing[@]})); then apt_install "${missing[@]}"; fi
@@ -172,6 +172,7 @@ install_node() {
 	KUBELET=$(build kubelet "$kube" k8s.io/kubernetes/cmd/kubelet "$(kube_ldflags "$kube")")
 	KUBE_CONTROLLER_MANAGER=$(build kube-controller-manager "$kube" k8s.io/kubernetes/cmd/kube-controller-manager "$(kube_ldflags "$kube")")
 	KUBE_SCHEDULER=$(build kube-scheduler "$kube" k8s.io/kubernetes/cmd/kube-scheduler "$(kube_ldflags "$kube")")
+	KUBE_PROXY=$(build kube-proxy "$kube" k8s.io/kubernetes/cmd/kube-proxy "$(kube_ldflags "$kube")")
 	[[ ${1:-} == nokubeadm ]] || KUBEADM=$(build kubeadm "$kube" k8s.io/kubernetes/cmd/kubeadm "$(kube_ldflags "$kube")")
 	ctrd=$(module_version github.com/containerd/containerd/v2 "$containerd_mod")
 	local vflag="-X github.com/containerd/containerd/v2/version.Version=${ctrd#v}"
@@ -193,7 +194,7 @@ print_env() {
 	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL"
 	if [[ -n ${OTELCOL:-} ]]; then printf "OTELCOL=%q\n" "$OTELCOL"; fi
 	if [[ -n ${KUBELET:-} ]]; then
-		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER"
+		printf "KUBELET=%q\nKUBE_CONTROLLER_MANAGER=%q\nKUBE_SCHEDULER=%q\nKUBE_PROXY=%q\n" "$KUBELET" "$KUBE_CONTROLLER_MANAGER" "$KUBE_SCHEDULER" "$KUBE_PROXY"
 		if [[ -n ${KUBEADM:-} ]]; then printf "KUBEADM=%q\n" "$KUBEADM"; fi
 		printf "CONTAINERD=%q\nCONTAINERD_SHIM=%q\nCTR=%q\n" "$CONTAINERD" "$CONTAINERD_SHIM" "$CTR"
 		if [[ -n ${COREDNS_STOCK:-} ]]; then printf "COREDNS_STOCK=%q\n" "$COREDNS_STOCK"; fi

@@ -47,7 +47,7 @@ func runNode(ctx context.Context, archive, ref, deploy string) error {
 	for _, base := range []string{"kubeadm", "k8s_event"} {
 		path := filepath.Join(deploy, base)
 		dir := filepath.Join(kube.Dir, base)
-		if err := kube.WriteLoopbackKustomization(dir, path, ref); err != nil {
+		if err := kube.WriteNodeKustomization(dir, path, ref); err != nil {
 			return err
 		}
 		step("kubectl apply -k %s (plus what this machine needs: hostNetwork, the API on loopback, the imported image)", path)

@@ -163,8 +163,6 @@ func (c *Cluster) start(ctx context.Context, opts Options, apiserverBin, etcdBin
 	c.server = "https://127.0.0.1:" + strconv.Itoa(port)
 	args := []string{
 		"--etcd-servers=" + etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(port),
 		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
 		"--tls-cert-file=" + certs.servingCert,
@@ -173,14 +171,12 @@ func (c *Cluster) start(ctx context.Context, opts Options, apiserverBin, etcdBin
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + certs.saPub,
 		"--service-account-signing-key-file=" + certs.saKey,
-		"--service-cluster-ip-range=10.96.0.0/12", // kubeadm's: kube-dns is 10.96.0.10
+		"--service-cluster-ip-range=" + ServiceCIDR, // kubeadm's: kube-dns is 10.96.0.10
 		"--authorization-mode=Node,RBAC",
-		// No controller-manager keeps the endpoints of the kubernetes
-		// Service, and a loopback address may not be published there.
-		"--endpoint-reconciler-type=none",
 		"--profiling=false",
 		"--v=1",
 	}
+	args = append(args, apiServerAddressFlags(opts)...)
 	if opts.AdmissionConfig != "" {
 		path := filepath.Join(dir, "admission.yaml")
 		if err := os.WriteFile(path, []byte(opts.AdmissionConfig), 0o600); err != nil {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -54,13 +55,25 @@ patches:
               value: "%[3]d"
 `
 
-// WriteLoopbackKustomization writes into dir a kustomization that applies
-// base (a directory, e.g. deploy/k8s_event) with what CoreDNS needs to run
-// on this package's node: hostNetwork, the API server's loopback address,
-// the imported image (a full reference, e.g. localhost/NAME:TAG, whatever
-// image base names) never pulled, and no host ports. Apply it with
-// `kubectl apply -k dir`.
-func (c *Cluster) WriteLoopbackKustomization(dir, base, image string) error {
+// podNetworkKustomization sets the image, which a cluster also does, and
+// nothing else: on a node with a pod network the stock objects run as
+// they are, and the image, imported, is present.
+const podNetworkKustomization = `# Written by the cluster package for its node; not for users.
+resources:
+- %[1]s
+images:
+- name: %[2]s
+  newName: %[3]s
+  newTag: %[4]s
+`
+
+// WriteNodeKustomization writes into dir a kustomization that applies
+// base (a directory, e.g. deploy/k8s_event) with the imported image (a
+// full reference with a tag, e.g. localhost/NAME:TAG, whatever image base
+// names), and on a node without a pod network what CoreDNS needs there:
+// hostNetwork, the API server's loopback address, the image never pulled,
+// and no host ports. Apply it with `kubectl apply -k dir`.
+func (c *Cluster) WriteNodeKustomization(dir, base, image string) error {
 	if i := strings.LastIndexAny(image, ":@"); i < 0 || i < strings.LastIndex(image, "/") || strings.ContainsAny(image, " \n\"") {
 		return fmt.Errorf("image %q: want a reference with a tag or digest, e.g. localhost/NAME:TAG", image)
 	}
@@ -81,5 +94,32 @@ func (c *Cluster) WriteLoopbackKustomization(dir, base, image string) error {
 		return err
 	}
 	k := fmt.Sprintf(loopbackKustomization, rel, image, c.Port())
+	if c.node != nil && c.node.podNetwork {
+		from, err := baseImage(c.kubectl, absBase)
+		if err != nil {
+			return err
+		}
+		i := strings.LastIndexByte(image, ':')
+		k = fmt.Sprintf(podNetworkKustomization, rel, from, image[:i], image[i+1:])
+	}
 	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
+}
+
+// baseImage is the name of the image of base's coredns Deployment, as
+// kustomize renders it.
+func baseImage(kubectl, base string) (string, error) {
+	out, err := exec.Command(kubectl, "kustomize", base).Output()
+	if err != nil {
+		return "", fmt.Errorf("kubectl kustomize %s: %w", base, err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "image:" {
+			name := strings.Trim(f[1], `"`)
+			if i := strings.LastIndexAny(name, ":@"); i > strings.LastIndexByte(name, '/') {
+				name = name[:i]
+			}
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("%s renders no image", base)
 }

@@ -26,6 +26,10 @@ type machine struct {
 	absent   []string                   // machine directories that did not exist
 	cgroups  map[string]bool            // cgroup directories one level below each hierarchy
 	cgroupFS []string                   // the hierarchies
+	links    map[string]bool            // network interfaces
+	netns    map[string]bool            // named network namespaces in netnsDir
+	noNetns  bool                       // netnsDir did not exist
+	loAddrs  map[string]bool            // addresses on lo, as ip -o addr shows them
 }
 
 // kernelTunables are the sysctls the kubelet sets when
@@ -44,11 +48,21 @@ var machineDirs = []string{
 	"/usr/libexec/kubernetes", "/etc/cni", "/var/lib/containerd",
 }
 
+// networkTunables are the sysctls a node with a pod network sets (and
+// kube-proxy could), where the kernel has them.
+var networkTunables = []string{
+	"net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet",
+	"net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables",
+}
+
+// netnsDir holds the network namespaces that containerd makes for pods.
+const netnsDir = "/run/netns"
+
 var iptablesTables = []string{"filter", "nat", "mangle"}
 
 func snapshotMachine() (*machine, error) {
 	m := &machine{sysctls: map[string]string{}, rules: map[string]map[string]bool{}, cgroups: map[string]bool{}}
-	for _, s := range kernelTunables {
+	for _, s := range append(slices.Clone(kernelTunables), networkTunables...) {
 		b, err := os.ReadFile("/proc/sys/" + s)
 		if err != nil {
 			continue // not every kernel has every tunable
@@ -66,6 +80,13 @@ func snapshotMachine() (*machine, error) {
 			return nil, err
 		}
 		m.rules[cmd] = lines
+	}
+	var err error
+	if m.links, m.netns, m.loAddrs, err = networkState(); err != nil {
+		return nil, err
+	}
+	if _, statErr := os.Lstat(netnsDir); errors.Is(statErr, os.ErrNotExist) {
+		m.noNetns = true
 	}
 	hierarchies, err := cgroupHierarchies()
 	if err != nil {
@@ -260,6 +281,7 @@ func killShims(shim, socket string) {
 func (m *machine) restore(dir string) error {
 	var errs []error
 	errs = append(errs, unmountUnder(append([]string{dir}, machineDirs...)))
+	errs = append(errs, m.restoreNetwork())
 	cgroups := m.newCgroups()
 	for _, d := range cgroups {
 		errs = append(errs, removeCgroup(d))
@@ -420,4 +442,110 @@ func lockMachine(ctx context.Context) (*os.File, error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// networkState lists the network interfaces, the named network namespaces
+// and the addresses on lo.
+func networkState() (links, netns, loAddrs map[string]bool, err error) {
+	links, netns, loAddrs = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	entries, err := os.ReadDir("/sys/class/net")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for _, e := range entries {
+		links[e.Name()] = true
+	}
+	entries, _ = os.ReadDir(netnsDir)
+	for _, e := range entries {
+		netns[e.Name()] = true
+	}
+	if _, lookErr := exec.LookPath("ip"); lookErr != nil {
+		return links, netns, loAddrs, nil // nothing can have added one
+	}
+	out, err := exec.Command("ip", "-o", "addr", "show", "dev", "lo").Output()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("ip addr show dev lo: %w", err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		// 1: lo    inet 127.0.0.1/8 scope host lo ...
+		if f := strings.Fields(l); len(f) >= 4 {
+			loAddrs[f[3]] = true
+		}
+	}
+	return links, netns, loAddrs, nil
+}
+
+// restoreNetwork removes the network namespaces, interfaces and addresses
+// on lo made since the snapshot: a pod's namespace takes its veth pair
+// with it, the bridge and the API server's address go by name.
+func (m *machine) restoreNetwork() error {
+	links, netns, loAddrs, err := networkState()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for ns := range netns {
+		if !m.netns[ns] {
+			p := filepath.Join(netnsDir, ns)
+			_ = syscall.Unmount(p, syscall.MNT_DETACH)
+			errs = append(errs, os.Remove(p))
+		}
+	}
+	if m.noNetns {
+		_ = os.Remove(netnsDir) // unless something else made one since
+	}
+	for l := range links {
+		if m.links[l] {
+			continue
+		}
+		// A veth goes with its peer's namespace: it may be gone by now.
+		if out, err := exec.Command("ip", "link", "delete", l).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+			errs = append(errs, fmt.Errorf("ip link delete %s: %w: %s", l, err, out))
+		}
+	}
+	for a := range loAddrs {
+		if !m.loAddrs[a] {
+			if out, err := exec.Command("ip", "addr", "delete", a, "dev", "lo").CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("ip addr delete %s dev lo: %w: %s", a, err, out))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// preparePodNetwork sets what a pod network needs of the kernel: packets
+// forwarded, bridged packets through iptables (kube-proxy's rules then
+// see a pod's queries to a Service whose endpoint is on the same bridge),
+// and addr on lo, where the pods reach the API server. restore undoes it.
+func preparePodNetwork(addr string) error {
+	if err := bridgeNetfilter(); err != nil {
+		return err
+	}
+	for _, s := range []string{"net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables"} {
+		if err := os.WriteFile("/proc/sys/"+s, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s=1: %w", s, err)
+		}
+	}
+	out, err := exec.Command("ip", "-o", "addr", "show", "dev", "lo", "to", addr+"/32").Output()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		return err
+	}
+	if out, err := exec.Command("ip", "addr", "add", addr+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		return fmt.Errorf("ip addr add %s/32 dev lo: %w: %s", addr, err, out)
+	}
+	return nil
+}
+
+// bridgeNetfilter makes sure that /proc/sys/net/bridge is there, loading
+// br_netfilter when it is not, or says that it is missing.
+func bridgeNetfilter() error {
+	const dir = "/proc/sys/net/bridge"
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	out, err := exec.Command("modprobe", "br_netfilter").CombinedOutput()
+	if _, statErr := os.Stat(dir); statErr != nil {
+		return fmt.Errorf("%s is missing: the pod network needs the br_netfilter module (modprobe br_netfilter: %v %s)", dir, err, bytes.TrimSpace(out))
+	}
+	return nil
 }

@@ -18,5 +18,7 @@ func snapshotMachine() (*machine, error)                      { return nil, errN
 func (m *machine) killContainers(timeout time.Duration) error { return errNoNode }
 func (m *machine) restore(dir string) error                   { return errNoNode }
 func killShims(shim, socket string)                           {}
+func preparePodNetwork(addr string) error                     { return errNoNode }
+func bridgeNetfilter() error                                  { return errNoNode }
 
 func lockMachine(ctx context.Context) (*os.File, error) { return nil, errNoNode }

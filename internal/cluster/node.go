@@ -25,11 +25,19 @@ import (
 // NodeOptions ask for a node beside the control plane: containerd and runc,
 // a kubelet, kube-controller-manager and kube-scheduler, so that Pods run.
 //
-// The node's pods reach the API only with hostNetwork and the explicit
-// address of the API server (KUBERNETES_SERVICE_HOST=127.0.0.1 and
-// KUBERNETES_SERVICE_PORT=Cluster.Port): there is no kube-proxy, and the
-// kubernetes Service cannot have a loopback endpoint.
+// Without PodNetwork, the node's pods reach the API only with hostNetwork
+// and the explicit address of the API server
+// (KUBERNETES_SERVICE_HOST=127.0.0.1 and KUBERNETES_SERVICE_PORT=
+// Cluster.Port): there is no kube-proxy, and the kubernetes Service cannot
+// have a loopback endpoint.
 type NodeOptions struct {
+	// PodNetwork gives the node what a cluster's node has: a pod network
+	// (a CNI bridge, pods on their own addresses in PodCIDR) and
+	// kube-proxy in iptables mode, with the API server on APIHostAddress
+	// behind the kubernetes Service. Pods then need no hostNetwork, and
+	// reach the API and the kube-dns Service (DNSServiceIP) as in a
+	// cluster; the host reaches both through kube-proxy's rules.
+	PodNetwork bool
 	// Images are image archives (docker-archive or OCI layout, as `make
 	// image` writes) that are imported into the node's containerd, each
 	// under the name its archive gives (image.Ref reads it from an OCI
@@ -48,22 +56,24 @@ const PauseImage = "localhost/k8s-event-pause:1"
 // node is what runs on the machine for the node: processes, and what they
 // changed that must be undone.
 type node struct {
-	name                                string
-	bins                                nodeBinaries
-	dir                                 string
-	socket                              string
-	containerd, kubelet, kcm, scheduler *Process
-	machine                             *machine
-	lock                                *os.File // held while the node runs
+	name                                       string
+	bins                                       nodeBinaries
+	dir                                        string
+	socket                                     string
+	podNetwork                                 bool
+	containerd, kubelet, kcm, scheduler, proxy *Process
+	machine                                    *machine
+	lock                                       *os.File // held while the node runs
 }
 
 type nodeBinaries struct {
-	kubelet, kcm, scheduler, containerd, shim, ctr, runc string
+	kubelet, kcm, scheduler, proxy, containerd, shim, ctr, runc string
 }
 
 // NodeSupported tells whether this machine can run a node, and if not,
 // why: it needs Linux, root, the binaries of `hack/tools.sh env node`, runc,
-// the CNI loopback plugin and iptables.
+// the CNI plugins (loopback, bridge, host-local, portmap), iptables, ip and
+// /proc/sys/net/bridge (br_netfilter, which it tries to load).
 func NodeSupported() error {
 	_, err := nodeBins()
 	return err
@@ -90,10 +100,11 @@ func nodeBins() (nodeBinaries, error) {
 	b.kubelet = env("KUBELET")
 	b.kcm = env("KUBE_CONTROLLER_MANAGER")
 	b.scheduler = env("KUBE_SCHEDULER")
+	b.proxy = env("KUBE_PROXY")
 	b.containerd = env("CONTAINERD")
 	b.shim = env("CONTAINERD_SHIM")
 	b.ctr = env("CTR")
-	for _, tool := range []string{"runc", "iptables"} {
+	for _, tool := range []string{"runc", "iptables", "ip"} {
 		path, lookErr := exec.LookPath(tool)
 		if lookErr != nil {
 			err = errors.Join(err, fmt.Errorf("%s: %w (hack/tools.sh node installs it)", tool, lookErr))
@@ -102,10 +113,12 @@ func nodeBins() (nodeBinaries, error) {
 			b.runc = path
 		}
 	}
-	if _, statErr := os.Stat(cniBinDir + "/loopback"); statErr != nil {
-		err = errors.Join(err, fmt.Errorf("CNI loopback plugin: %w (hack/tools.sh node installs it)", statErr))
+	for _, plugin := range []string{"loopback", "bridge", "host-local", "portmap"} {
+		if _, statErr := os.Stat(cniBinDir + "/" + plugin); statErr != nil {
+			err = errors.Join(err, fmt.Errorf("CNI %s plugin: %w (hack/tools.sh node installs it)", plugin, statErr))
+		}
 	}
-	return b, err
+	return b, errors.Join(err, bridgeNetfilter())
 }
 
 const cniBinDir = "/usr/lib/cni"
@@ -144,7 +157,7 @@ func (c *Cluster) startNode(ctx context.Context, opts *NodeOptions, certs *pki) 
 	if err != nil {
 		return err
 	}
-	n := &node{name: name, bins: bins, dir: filepath.Join(c.Dir, "node")}
+	n := &node{name: name, bins: bins, dir: filepath.Join(c.Dir, "node"), podNetwork: opts.PodNetwork}
 	n.socket = filepath.Join(n.dir, "containerd", "containerd.sock")
 	if err := os.MkdirAll(n.dir, 0o755); err != nil {
 		return err
@@ -159,6 +172,11 @@ func (c *Cluster) startNode(ctx context.Context, opts *NodeOptions, certs *pki) 
 		return fmt.Errorf("look at the machine before the node starts: %w", err)
 	}
 	c.NodeName = name
+	if n.podNetwork {
+		if err := preparePodNetwork(APIHostAddress); err != nil {
+			return err
+		}
+	}
 
 	if err := c.startControllers(certs); err != nil {
 		return err
@@ -172,7 +190,10 @@ func (c *Cluster) startNode(ctx context.Context, opts *NodeOptions, certs *pki) 
 	if err := c.startKubelet(ctx, opts, certs); err != nil {
 		return err
 	}
-	return c.waitNodeReady(ctx)
+	if err := c.waitNodeReady(ctx); err != nil || !n.podNetwork {
+		return err
+	}
+	return c.startKubeProxy(ctx, certs)
 }
 
 func (c *Cluster) clientKubeconfig(certs *pki, name, user string, groups ...string) (string, error) {
@@ -196,18 +217,25 @@ func (c *Cluster) startControllers(certs *pki) error {
 	if err != nil {
 		return err
 	}
+	// With a pod network the node gets its share of ClusterCIDR, PodCIDR,
+	// as a cluster's nodes do; else nothing allocates one.
+	ipam := []string{"--controllers=*,-nodeipam,-bootstrapsigner,-tokencleaner"}
+	if n.podNetwork {
+		ipam = []string{"--controllers=*,-bootstrapsigner,-tokencleaner", "--allocate-node-cidrs=true",
+			"--cluster-cidr=" + ClusterCIDR, "--node-cidr-mask-size=24", "--service-cluster-ip-range=" + ServiceCIDR}
+	}
 	n.kcm, err = StartProcess("kube-controller-manager", filepath.Join(c.Dir, "kube-controller-manager.log"), nil, n.bins.kcm,
-		"--kubeconfig="+kcmConfig,
-		"--authentication-kubeconfig="+kcmConfig,
-		"--authorization-kubeconfig="+kcmConfig,
-		"--bind-address=127.0.0.1",
-		"--secure-port=0",
-		"--leader-elect=false",
-		"--use-service-account-credentials=true",
-		"--service-account-private-key-file="+certs.saKey,
-		"--root-ca-file="+certs.caFile,
-		"--controllers=*,-nodeipam,-bootstrapsigner,-tokencleaner",
-		"--v=1",
+		append([]string{"--kubeconfig=" + kcmConfig,
+			"--authentication-kubeconfig=" + kcmConfig,
+			"--authorization-kubeconfig=" + kcmConfig,
+			"--bind-address=127.0.0.1",
+			"--secure-port=0",
+			"--leader-elect=false",
+			"--use-service-account-credentials=true",
+			"--service-account-private-key-file=" + certs.saKey,
+			"--root-ca-file=" + certs.caFile,
+			"--v=1",
+		}, ipam...)...,
 	)
 	if err != nil {
 		return err
@@ -268,7 +296,8 @@ state = %[2]q
         SystemdCgroup = false
 `
 
-// cniLoopback is the only network the node has: its pods use hostNetwork.
+// cniLoopback is the only network of a node without a pod network: its
+// pods use hostNetwork.
 const cniLoopback = `{"cniVersion": "1.0.0", "name": "loopback", "type": "loopback"}
 `
 
@@ -278,7 +307,7 @@ func (n *node) startContainerd(ctx context.Context, c *Cluster) error {
 	if err := os.MkdirAll(cniConf, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(cniConf, "99-loopback.conf"), []byte(cniLoopback), 0o644); err != nil {
+	if err := n.writeCNIConfig(cniConf); err != nil {
 		return err
 	}
 	config := fmt.Sprintf(containerdConfig,
@@ -393,7 +422,7 @@ podLogsDirectory: %[8]q
 volumePluginDir: %[9]q
 clusterDomain: cluster.local
 clusterDNS: [10.96.0.10]
-resolvConf: /etc/resolv.conf
+resolvConf: %[10]q
 `
 
 func (c *Cluster) startKubelet(ctx context.Context, opts *NodeOptions, certs *pki) error {
@@ -423,8 +452,12 @@ func (c *Cluster) startKubelet(ctx context.Context, opts *NodeOptions, certs *pk
 	if sync == 0 {
 		sync = 10 * time.Second
 	}
+	resolvConf, err := n.writeResolvConf()
+	if err != nil {
+		return err
+	}
 	config := fmt.Sprintf(kubeletConfig, port, healthz, servingCert, servingKey, certs.caFile,
-		"unix://"+n.socket, sync, filepath.Join(n.dir, "pod-logs"), filepath.Join(n.dir, "volume-plugins"))
+		"unix://"+n.socket, sync, filepath.Join(n.dir, "pod-logs"), filepath.Join(n.dir, "volume-plugins"), resolvConf)
 	configPath := filepath.Join(n.dir, "kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return err
@@ -466,8 +499,9 @@ func (c *Cluster) stopNode() error {
 	if n == nil {
 		return nil
 	}
-	// The kubelet first, or it starts again what is stopped next.
-	for _, p := range []*Process{n.kubelet, n.kcm, n.scheduler} {
+	// The kubelet first, or it starts again what is stopped next;
+	// kube-proxy before its rules go.
+	for _, p := range []*Process{n.kubelet, n.proxy, n.kcm, n.scheduler} {
 		if p != nil {
 			p.Stop(10 * time.Second)
 		}
@@ -489,8 +523,8 @@ func (c *Cluster) stopNode() error {
 	return errors.Join(errs...)
 }
 
-// Port is the port of the API server on 127.0.0.1: what the node's pods
-// need in KUBERNETES_SERVICE_PORT.
+// Port is the port of the API server on 127.0.0.1: what the pods of a node
+// without a pod network need in KUBERNETES_SERVICE_PORT.
 func (c *Cluster) Port() int {
 	i := strings.LastIndexByte(c.server, ':')
 	p, _ := strconv.Atoi(c.server[i+1:])

@@ -34,6 +34,11 @@ type pki struct {
 	caKey crypto.Signer
 }
 
+// servingIPs are the API server's addresses: loopback for the tests'
+// clients; the kubernetes Service's address and the one behind it for a
+// node's pods.
+var servingIPs = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.ParseIP(apiServiceIP), net.ParseIP(APIHostAddress)}
+
 func newPKI(dir string) (*pki, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -62,7 +67,7 @@ func newPKI(dir string) (*pki, error) {
 		Subject:     pkix.Name{CommonName: "kube-apiserver"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		IPAddresses: servingIPs,
 	})
 	if err != nil {
 		return nil, err

@@ -140,7 +140,7 @@ func since(t time.Time) time.Duration { return time.Since(t).Round(100 * time.Mi
 
 func (e *nodeEnv) writeKustomizations() {
 	for name, base := range map[string]string{"stock": "deploy/kubeadm", "overlay": "deploy/k8s_event"} {
-		if err := e.kube.WriteLoopbackKustomization(filepath.Join(e.dir, name), filepath.Join(repoRoot, base), e.ref); err != nil {
+		if err := e.kube.WriteNodeKustomization(filepath.Join(e.dir, name), filepath.Join(repoRoot, base), e.ref); err != nil {
 			e.t.Fatal(err)
 		}
 	}
