@@ -38,11 +38,10 @@ func eventMessage(s string) string {
 	return cutMiddle(escapeControls(s), maxMessageBytes)
 }
 
-// escapeControls writes the control characters of s (C0 but tab, DEL, C1)
-// and the bidirectional controls as Go quotes them (\n, \x1b, \u202e): in
-// kubectl's output no line may move the cursor, clear the screen or turn
-// text around. Backslashes stay: CoreDNS's escapes (\DDD, \.) read as in
-// the log.
+// escapeControls quotes, as Go does (\n, \x1b, \u202e), the control (C0
+// but tab, DEL, C1) and bidirectional characters of s: no line may move the
+// cursor or turn text around in kubectl's output. Backslashes stay, so
+// CoreDNS's escapes (\DDD, \.) read as in the log.
 func escapeControls(s string) string {
 	i := indexHidden(s)
 	if i < 0 {

@@ -43,8 +43,7 @@ func shapeHash(s string) uint64 {
 	return maphash.Bytes(shapeSeed, appendShape(buf[:0], s))
 }
 
-// shapeBufSize holds the shape of any message: a placeholder is at most
-// twice what it replaces with the byte that ends it ("1 " becomes "<n> ").
+// shapeBufSize holds any message's shape: "1 " becomes "<n> ", no more.
 const shapeBufSize = 2*maxMessageBytes + len(shapeName)
 
 // appendShape appends the shape of s to b. It goes through s once, word by
@@ -86,6 +85,8 @@ func appendWord(b []byte, w string, m charClass) []byte {
 		return append(b, w...)
 	case m == classDigit: // the commonest: a count, a port, a code
 		return append(b, shapeNum...)
+	case m.only(classDigit|classUnit) && isDuration(w): // 250ms
+		return append(b, shapeDur...)
 	}
 	if m&classGt != 0 && strings.Contains(w, "->") {
 		start, pm := 0, charClass(0)
