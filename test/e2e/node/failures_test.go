@@ -194,10 +194,14 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 }
 
 // operatorKubeconfig is a kubeconfig for a ServiceAccount bound to
-// deploy/kubectl-k8s-event/role.yaml in the layout's namespace.
-func (lc *lifecycle) operatorKubeconfig(t *testing.T) string {
+// deploy/kubectl-k8s-event/role.yaml in the layout's namespace, changed
+// by the JSON patch edit when one is given.
+func (lc *lifecycle) operatorKubeconfig(t *testing.T, edit ...string) string {
 	ns := lc.l.ns
 	lc.kubectl("-n", ns, "apply", "-f", filepath.Join(repoRoot, "deploy/kubectl-k8s-event/role.yaml"))
+	for _, e := range edit {
+		lc.kubectl("-n", ns, "patch", "role", "kubectl-k8s-event", "--type=json", "-p", e)
+	}
 	lc.kubectl("-n", ns, "create", "serviceaccount", "dns-operator")
 	lc.kubectl("-n", ns, "create", "rolebinding", "kubectl-k8s-event", "--role", "kubectl-k8s-event", "--serviceaccount", ns+":dns-operator")
 	tr, err := lc.kube.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), "dns-operator", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})

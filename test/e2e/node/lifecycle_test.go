@@ -192,22 +192,7 @@ func TestLifecycle(t *testing.T) {
 				return writeKustomization(t, dir, []string{rel}, "coredns", "coredns", kube.Port(), kubeadmTolerations, 53)
 			},
 		},
-		{
-			name: "helm", ns: "dns", deployment: "dns-coredns", config: "dns-coredns", selector: "app.kubernetes.io/name=coredns", port: 1053,
-			stock: func(t *testing.T, dir string) string {
-				data, err := os.ReadFile(filepath.Join(repoRoot, "test/e2e/node/testdata/helm-coredns.yaml"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := os.MkdirAll(dir, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(filepath.Join(dir, "chart.yaml"), data, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return writeKustomization(t, dir, []string{"chart.yaml"}, "dns-coredns", "dns-coredns", kube.Port(), "", 1053)
-			},
-		},
+		helmLayout(kube),
 	}
 	if _, err := kube.CreateNamespace(t.Context(), "dns"); err != nil {
 		t.Fatal(err)
@@ -231,6 +216,26 @@ func TestLifecycle(t *testing.T) {
 		}
 	}
 	t.Logf("per step: failed queries, time\n%s", strings.Join(report, "\n"))
+}
+
+// helmLayout is CoreDNS as the helm chart lays it out, in namespace dns.
+func helmLayout(kube *cluster.Cluster) layout {
+	return layout{
+		name: "helm", ns: "dns", deployment: "dns-coredns", config: "dns-coredns", selector: "app.kubernetes.io/name=coredns", port: 1053,
+		stock: func(t *testing.T, dir string) string {
+			data, err := os.ReadFile(filepath.Join(repoRoot, "test/e2e/node/testdata/helm-coredns.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "chart.yaml"), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return writeKustomization(t, dir, []string{"chart.yaml"}, "dns-coredns", "dns-coredns", kube.Port(), "", 1053)
+		},
+	}
 }
 
 // writeKustomization writes the stock objects with the operator's changes.
