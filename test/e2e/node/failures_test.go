@@ -77,7 +77,7 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 	lc.expectA("node-a.nodes.test.", "10.0.0.11")
 	args := func(image string, extra ...string) []string {
 		// info, so that each new pod writes the reload plugin's line.
-		return append(append([]string{"install", "--image", image, "--force", "--option", "level info warning error"}, lc.nsFlags()...), extra...)
+		return append(append([]string{"install", "--image", image, "--force", "--option", "level info warning error", "--settle", "2s"}, lc.nsFlags()...), extra...)
 	}
 	// back checks that the Deployment is the operator's again.
 	back := func(what string) {
@@ -125,7 +125,7 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 		}
 	})
 	lc.do("uninstall after the revert", func() {
-		lc.plugin(append([]string{"uninstall"}, lc.nsFlags()...)...)
+		lc.plugin(append([]string{"uninstall", "--settle", "2s"}, lc.nsFlags()...)...)
 		lc.waitPods(stockImage)
 	})
 	back("after uninstall")
@@ -185,7 +185,7 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 		}
 	})
 	lc.do("uninstall", func() {
-		lc.plugin(append([]string{"uninstall"}, lc.nsFlags()...)...)
+		lc.plugin(append([]string{"uninstall", "--settle", "2s"}, lc.nsFlags()...)...)
 		lc.waitPods(stockImage)
 	})
 	back("after the last uninstall")

@@ -608,7 +608,7 @@ func (lc *lifecycle) run(t *testing.T) {
 	defer lc.probe.finish()
 	lc.noEvents(pods)
 
-	installArgs := append([]string{"install", "--image", lc.ref, "--option", "level info warning error"}, lc.nsFlags()...)
+	installArgs := append([]string{"install", "--image", lc.ref, "--option", "level info warning error", "--settle", "2s"}, lc.nsFlags()...)
 	if l.name == "helm" {
 		// The release owns the Deployment: install refuses unless told.
 		lc.pluginExit(5, installArgs...)
@@ -675,7 +675,7 @@ func (lc *lifecycle) run(t *testing.T) {
 	}
 
 	lc.do("uninstall", func() {
-		lc.plugin(append([]string{"uninstall"}, lc.nsFlags()...)...)
+		lc.plugin(append([]string{"uninstall", "--settle", "2s"}, lc.nsFlags()...)...)
 		lc.noEvents(lc.waitPods(stockImage))
 	})
 	lc.check(false)
@@ -808,7 +808,7 @@ networking:
 	lc.check(true)
 
 	lc.do("recovery: uninstall", func() {
-		lc.plugin(append([]string{"uninstall"}, lc.nsFlags()...)...)
+		lc.plugin(append([]string{"uninstall", "--settle", "2s"}, lc.nsFlags()...)...)
 		lc.noEvents(lc.waitPods(stockImage))
 	})
 	lc.check(false)
