@@ -75,6 +75,7 @@ type entry struct {
 	links            // its place in the cache (cache.go)
 	slot    slot     // where it waits for a token or a time (queue.go)
 	hitters *hitters // of a combined event: its members (hitters.go)
+	flow    *flow    // of a warning or an error: its lines over time (end.go)
 }
 
 type windowKey struct {
@@ -113,6 +114,7 @@ type correlator struct {
 	cache   *cache
 	windows map[windowKey]*window
 	seq     uint64
+	quiet   time.Duration // the scheduler's: storms' paces count lines in slots of it
 }
 
 // newCorrelator keeps size entries; evicted is told of each that leaves.
@@ -133,11 +135,18 @@ func (c *correlator) observe(ln line) *entry {
 		e = &entry{key: key, first: ln.at}
 		c.cache.add(e)
 	}
+	top := false
 	if key.combined() {
 		if e.hitters == nil {
 			e.hitters = &hitters{}
 		}
-		e.hitters.add(m)
+		top = e.hitters.add(m)
+	}
+	if c.quiet > 0 && (key.level == levelWarning || key.level == levelError) {
+		if e.flow == nil {
+			e.flow = &flow{}
+		}
+		e.flow.add(ln.at, c.quiet, top)
 	}
 	e.see()
 	c.cache.place(e, true)

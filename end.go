@@ -6,10 +6,11 @@ import (
 )
 
 // The end of a storm. A storm's entry (isStorm) whose lines are all written is watched by the
-// scheduler until it has had no new line for quiet; then the scheduler decides the end: a new
-// entry, the end, joins the ends to write, and the storm's entry starts afresh, so that its next
-// line is a new storm, created as a new object, with its own end. Nothing of this runs on the DNS
-// path.
+// scheduler until its last quiet held fewer than max(2, 1 % of its peak) lines and none of its
+// top members (flow), or at the latest until it had no new line for quiet; then the scheduler
+// decides the end: a new entry, the end, joins the ends to write. Later lines count on the same
+// object; the next end comes once the storm rose above its threshold again. Nothing of this runs
+// on the DNS path.
 //
 // An end carries no lines: its tally stays empty, so it never enters the accounting of lines. It is
 // written once, from its own bucket, endBucket; a create that got no answer is retried under the
@@ -36,8 +37,11 @@ const (
 	handOffWait = 10 * time.Millisecond
 )
 
-// quietAt is when the storm of e, all written, may be said to have ended;
-// false when e is no storm waiting for its quiet.
+// quietAt is when the storm of e, all written, may be said to have ended:
+// once the last quiet held fewer than its threshold of lines and none of
+// its top members, and at the latest quiet after its last line; false when
+// e is no storm waiting for its quiet, or one that has not risen above its
+// threshold since its latest end.
 func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 	if quiet <= 0 || e.end != nil || e.evicted || e.inflight != 0 || e.pending() > 0 || e.dropped > 0 || !e.stormWritten {
 		return time.Time{}, false
@@ -45,24 +49,114 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 	if !isStorm(e.key, e.seen-e.storm) {
 		return time.Time{}, false
 	}
-	return e.last.Add(quiet + handOffGrace), true
+	at := e.last.Add(quiet)
+	if p := e.flow; p != nil && p.width == int64(quiet/flowSlots) {
+		if p.rest {
+			return time.Time{}, false
+		}
+		if p.armed { // on e.last's monotonic reading, as the scheduler's clock
+			calm := e.last.Add(time.Duration(p.calmAt() - e.last.UnixNano()))
+			if top := p.topLast.Add(quiet); calm.Before(top) {
+				calm = top
+			}
+			if calm.Before(at) {
+				at = calm
+			}
+		}
+	}
+	return at.Add(handOffGrace), true
 }
 
-// endOf makes the end of e's storm, decided at now, and starts the storm
-// afresh: its next line starts a new object and a new count.
+// endOf makes the end of e's storm, decided at now. Later lines keep
+// counting on the same object; the next end comes once they rose above the
+// threshold again.
 func endOf(e *entry, now time.Time) *entry {
 	about, top := e.message, ""
 	if e.key.combined() { // its shape, not a line of one of its members
 		about = lineShape(strings.TrimPrefix(e.message, e.key.plugin))
 		top = e.hitters.String()
 	}
+	from := e.first
+	if e.flow != nil && !e.flow.from.IsZero() {
+		from = e.flow.from
+		e.flow.rest, e.flow.armed, e.flow.from = true, false, time.Time{}
+	}
 	end := &entry{key: e.key, end: &endSpec{
-		message: endMessage(e.key.plugin, about, top, e.seen-e.storm, e.first, e.stamped),
+		message: endMessage(e.key.plugin, about, top, e.seen-e.storm, from, e.stamped),
 		at:      now,
 	}}
-	e.storm, e.stormWritten, e.first = e.seen, false, time.Time{}
-	e.base, e.name = e.seen, ""
+	e.storm, e.stormWritten = e.seen, false
 	return end
+}
+
+// flowSlots is the number of slots a quiet is counted in.
+const flowSlots = 8
+
+// flow counts an event's lines in slots of quiet/flowSlots, so that the
+// scheduler knows, within a slot, how many lines the last quiet held.
+type flow struct {
+	width   int64 // of a slot, in nanoseconds
+	slots   [flowSlots]int64
+	at      int64 // the slot of the latest line
+	peak    int64 // the most lines a quiet held
+	armed   bool  // above its threshold since its latest end
+	rest    bool  // ended, and not above its threshold since
+	from    time.Time
+	topLast time.Time // the latest line of a top member
+}
+
+// add counts a line at at; top: of one of the event's top members.
+func (p *flow) add(at time.Time, quiet time.Duration, top bool) {
+	w := int64(quiet / flowSlots)
+	n := at.UnixNano() / max(w, 1)
+	if p.width != w { // new, or quiet changed: counted afresh
+		*p = flow{width: w, at: n, armed: p.armed, rest: p.rest, from: p.from, topLast: p.topLast}
+	}
+	if n > p.at {
+		for i := p.at + 1; i <= n && i <= p.at+flowSlots; i++ {
+			p.slots[slotOf(i)] = 0
+		}
+		p.at = n
+	}
+	if n > p.at-flowSlots {
+		p.slots[slotOf(n)]++
+	}
+	if p.from.IsZero() {
+		p.from = at
+	}
+	if top {
+		p.topLast = at
+	}
+	held := p.held(p.at)
+	p.peak = max(p.peak, held)
+	if held > p.threshold() {
+		p.armed, p.rest = true, false
+	}
+}
+
+func slotOf(n int64) int64 { return (n%flowSlots + flowSlots) % flowSlots }
+
+// held is the number of lines in the quiet that ends with slot n.
+func (p *flow) held(n int64) int64 {
+	var sum int64
+	for i := max(n, p.at) - flowSlots + 1; i <= min(n, p.at); i++ {
+		sum += p.slots[slotOf(i)]
+	}
+	return sum
+}
+
+// threshold is max(2, 1 % of the peak): a storm whose last quiet held
+// fewer lines has ended.
+func (p *flow) threshold() int64 { return max(2, p.peak/100) }
+
+// calmAt is the end of the first slot whose quiet held fewer lines than
+// the threshold, in nanoseconds of the wall clock.
+func (p *flow) calmAt() int64 {
+	n, thr := p.at, p.threshold()
+	for p.held(n) >= thr {
+		n++
+	}
+	return (n + 1) * p.width
 }
 
 // ends are the ends decided and not yet written, oldest first. Owned by the scheduler's goroutine.

@@ -140,22 +140,14 @@ func TestStormEndIsSaid(t *testing.T) {
 		t.Fatalf("%d end events after a longer quiet, want 1", n)
 	}
 
-	// The storm comes back: a new object, and a new end.
+	// The storm comes back: its lines count on the same object, and a new end follows.
 	again := clk.Now()
 	logStorm(h, levelError, 1000, 5, again)
 	h.advance(quiet + handOffGrace)
 	evs = events(t, api)
-	combined := combinedOf(evs)
-	if len(combined) != 2 {
-		t.Fatalf("%d combined events, want the ended one and a new one", len(combined))
-	}
-	for _, e := range combined {
-		if e.Name == storm.Name && (e.Count != 30 || !e.LastTimestamp.Equal(&storm.LastTimestamp)) {
-			t.Errorf("the ended storm's event was patched: %+v", e)
-		}
-		if e.Name != storm.Name && (e.Count != 5 || !e.FirstTimestamp.Time.Equal(again.Truncate(time.Second))) {
-			t.Errorf("the new storm's event: count %d first %v, want 5 from %v", e.Count, e.FirstTimestamp, again)
-		}
+	combined := only(t, combinedOf(evs))
+	if combined.Name != storm.Name || combined.Count != 35 {
+		t.Errorf("the storm that came back: %s count %d, want %s with 35", combined.Name, combined.Count, storm.Name)
 	}
 	if ends := ofReason(evs, "CoreDNSErrorEnded"); len(ends) != 2 || !strings.Contains(ends[0].Message+ends[1].Message, ": 5 lines like \"<n> <name>.") {
 		t.Errorf("end events after the storm came back:\n%v", ends)
@@ -737,5 +729,74 @@ func TestEndsKeepAtMostTheLimit(t *testing.T) {
 	q.remove(es[0])
 	if len(q.list) != 1 || q.list[0] != es[2] {
 		t.Errorf("after remove: %d ends", len(q.list))
+	}
+}
+
+// TestStormEndsDespiteATrickle: a storm of a client's distinct names, then
+// one such line every 4 minutes, at the default rate and quiet: the storm
+// is said to end, once its last quiet held fewer than max(2, 1 % of its
+// peak) lines, and the end names its shape, never the client's names.
+func TestStormEndsDespiteATrickle(t *testing.T) {
+	cfg := testConfig(all, defaultQPS, defaultBurst, defaultCacheSize)
+	cfg.quiet = defaultQuiet
+	h, api, clk := newTestHarness(t, cfg)
+	query := func(i int) line {
+		return ln(levelError, "errors", fmt.Sprintf("2 c%d.client.example. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout", i, 30000+i%1000), clk.Now())
+	}
+	for i := range 300 {
+		h.observe(query(i))
+	}
+	h.advance(time.Minute)
+	for i := 300; len(endsIn(api)) == 0 && i < 330; i++ { // 2 hours
+		h.observe(query(i))
+		h.advance(4 * time.Minute)
+	}
+	ends := endsIn(api)
+	if len(ends) == 0 {
+		t.Fatal("no end said in 2 hours of one line every 4 minutes")
+	}
+	if strings.Contains(ends[0].Message, "client.example") {
+		t.Errorf("the end quotes a client's name: %q", ends[0].Message)
+	}
+	// The trickle goes on: it never rises above the threshold again, so no second end.
+	for i := 400; i < 430; i++ {
+		h.observe(query(i))
+		h.advance(4 * time.Minute)
+	}
+	if n := len(endsIn(api)); n != 1 {
+		t.Errorf("%d ends of one storm whose trickle stayed below its threshold, want 1", n)
+	}
+}
+
+// TestStormOfTopMemberGoesOn: a host of 100 lines among a client's 200
+// distinct names becomes an event of its own; while it still comes, one
+// line every 4 minutes, its storm has not ended (the client's may); once
+// it stops, its end names it.
+func TestStormOfTopMemberGoesOn(t *testing.T) {
+	cfg := testConfig(all, defaultQPS, defaultBurst, defaultCacheSize)
+	cfg.quiet = defaultQuiet
+	h, api, clk := newTestHarness(t, cfg)
+	query := func(name string, i int) line {
+		return ln(levelError, "errors", fmt.Sprintf("2 %s. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout", name, 30000+i), clk.Now())
+	}
+	for i := range 300 {
+		name := fmt.Sprintf("c%d.client.example", i)
+		if i%3 == 0 {
+			name = "db.corp.example"
+		}
+		h.observe(query(name, i))
+	}
+	h.advance(time.Minute)
+	for i := range 15 { // 1 hour
+		h.observe(query("db.corp.example", 1000+i))
+		h.advance(4 * time.Minute)
+		if ends := endsIn(api); len(ends) > 1 {
+			t.Fatalf("%d ends while the host still comes: %q, %q", len(ends), ends[0].Message, ends[1].Message)
+		}
+	}
+	h.advance(defaultQuiet + handOffGrace)
+	ends := endsIn(api)
+	if len(ends) != 2 || !strings.Contains(ends[1].Message, "most: db.corp.example ≥") {
+		t.Errorf("ends %v, want the client's and then one naming db.corp.example", ends)
 	}
 }

@@ -32,18 +32,19 @@ type hitters struct {
 	lines int64
 }
 
-// add counts a line of member.
-func (h *hitters) add(member string) {
+// add counts a line of member and tells whether member is now among the
+// top (see top).
+func (h *hitters) add(member string) bool {
 	h.lines++
 	if member == "" {
-		return
+		return false
 	}
 	least := -1
 	for i := range h.slots {
 		s := &h.slots[i]
 		if s.member == member {
 			s.count++
-			return
+			return h.isTop(*s)
 		}
 		if least < 0 || s.count < h.slots[least].count {
 			least = i
@@ -51,11 +52,15 @@ func (h *hitters) add(member string) {
 	}
 	if len(h.slots) < hitterSlots {
 		h.slots = append(h.slots, hitter{member: member, count: 1})
-		return
+		return h.isTop(h.slots[len(h.slots)-1])
 	}
 	s := &h.slots[least]
 	*s = hitter{member: member, count: s.count + 1, err: s.count}
+	return h.isTop(*s)
 }
+
+// isTop: more than lines/hitterSlots, and two lines or more.
+func (h *hitters) isTop(s hitter) bool { return s.count*hitterSlots > h.lines && s.count-s.err >= 2 }
 
 // lowerBound is the least number of lines member may have had.
 func (h *hitters) lowerBound(member string) int64 {
@@ -72,7 +77,7 @@ func (h *hitters) lowerBound(member string) int64 {
 func (h *hitters) top() []hitter {
 	var out []hitter
 	for _, s := range h.slots {
-		if s.count*hitterSlots > h.lines && s.count-s.err >= 2 {
+		if h.isTop(s) {
 			out = append(out, s)
 		}
 	}

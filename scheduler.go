@@ -85,6 +85,7 @@ func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 		flushPause: flushPause,
 	}
 	s.corr = newCorrelator(set.cacheSize, s.evicted)
+	s.corr.quiet = set.quiet
 	for b := range s.buckets {
 		s.buckets[b] = newBucket(set.qps, set.burst, now)
 		s.queues[b] = newTokenQueue()
@@ -113,6 +114,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 	}
 	s.set = set
 	s.corr.resize(set.cacheSize)
+	s.corr.quiet = set.quiet
 	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
 		for _, e := range s.corr.cache.values() {
 			s.place(e)
@@ -344,7 +346,7 @@ func (s *scheduler) watch(e *entry) {
 	case !ok:
 	case at.After(s.now):
 		s.wait(e, at)
-	case s.backlog() > 0 && s.observed.Before(e.last.Add(s.set.quiet)):
+	case s.backlog() > 0 && s.observed.Before(at.Add(-handOffGrace)):
 		s.wait(e, s.now.Add(handOffWait)) // a line of before the quiet may be on its way
 	default:
 		n := len(s.ends.list)
