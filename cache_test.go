@@ -128,8 +128,9 @@ func BenchmarkCacheBytes(b *testing.B) {
 }
 
 func benchCacheBytes(b *testing.B, n int) {
-	s := newScheduler(testConfig(levelsOf(levelError), defaultQPS, defaultBurst, n), testPod(), epoch)
-	s.set.quiet = defaultQuiet
+	cfg := testConfig(levelsOf(levelError), defaultQPS, defaultBurst, n)
+	cfg.quiet = defaultQuiet // storms' flows counted
+	s := newScheduler(cfg, testPod(), epoch)
 	pad := strings.Repeat("x", maxMessageBytes)
 	lines := make([]line, n)
 	for i := range lines {
