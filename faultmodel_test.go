@@ -489,6 +489,9 @@ func (m *model) checkBound() error {
 // pod's read. It would never be written.
 func lostEntries(s *scheduler) error {
 	for _, e := range append(entriesOf(s), s.ends.list...) {
+		if e.slot.owner != nil && e.slot.owner.index < 0 {
+			return fmt.Errorf("%q waits in the queue of a plugin that has no turn", e.message)
+		}
 		if e.end == nil && (e.pending() == 0 || e.dropped > 0) || e.inflight != 0 || e.slot.in != nil || e.slot.parked {
 			continue
 		}

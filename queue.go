@@ -143,6 +143,7 @@ func (q *tokenQueue) remove(e *entry) {
 	heap.Remove(e.slot.in, e.slot.index)
 	if p != nil && p.fresh.Len()+p.updates.Len() == 0 && p.index >= 0 {
 		heap.Remove(&q.turns, p.index) // it stays in plugins, which are few, with its turn
+		p.updateNext = false           // new first, when it waits again
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -1162,4 +1163,41 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestPluginsTakeTurns: plugins with lines waiting take the tokens in
+// turn, least recently served first: neither waits for all of the other.
+func TestPluginsTakeTurns(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 1.0/300, 1, 64))
+	for i := range 3 {
+		h.observe(ln(levelError, "a", fmt.Sprint("upstream ", i, " down"), clk.Now()))
+		h.observe(ln(levelError, "b", fmt.Sprint("upstream ", i, " down"), clk.Now()))
+	}
+	drain(h)
+	h.advance(5*300*time.Second + time.Second)
+	var plugins []string
+	evs := api.list()
+	slices.SortFunc(evs, func(x, y corev1.Event) int { return strings.Compare(x.Name, y.Name) }) // names grow with time
+	for _, ev := range evs {
+		plugins = append(plugins, ev.Labels[labelPlugin])
+	}
+	if got := strings.Join(plugins, " "); got != "a b a b a b" {
+		t.Errorf("plugins in the order of their writes %q, want a b a b a b", got)
+	}
+}
+
+// TestNewEventGoesBeforeUpdateOnceIdle: a plugin with nothing pending
+// whose written event and a new one come at once writes the new one first.
+func TestNewEventGoesBeforeUpdateOnceIdle(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 1.0/300, 1, 64))
+	h.observe(ln(levelError, "errors", "upstream W down", clk.Now()))
+	drain(h)
+	h.advance(600 * time.Second)
+	h.observe(ln(levelError, "errors", "upstream W down", clk.Now()))
+	h.observe(ln(levelError, "errors", "upstream X down", clk.Now()))
+	drain(h)
+	reqs := eventRequests(api)
+	if len(reqs) != 2 || reqs[1].verb != "create" {
+		t.Errorf("%d requests, the second a %s; want W's create, then X's", len(reqs), reqs[len(reqs)-1].verb)
+	}
 }
