@@ -135,25 +135,33 @@ func spareNodes(ctx context.Context, c kubernetes.Interface, d *appsv1.Deploymen
 // pod the surge adds. With Force the pods roll with the operator's own
 // strategy, one down at a time.
 func (r *run) checkSurge(ctx context.Context, c kubernetes.Interface, p *installPlan, want *appsv1.Deployment) []string {
-	if p.strategy == nil || !onePerNode(p.d) {
-		return nil
+	var why []string
+	p.strategy, why = r.surgeOrRefuse(ctx, c, p.d, p.before, p.strategy, want)
+	return why
+}
+
+// surgeOrRefuse is checkSurge for a rollout of d with the temporary
+// strategy tmp, before being the operator's Deployment: it returns the
+// strategy the pods roll with, and why the run must not start.
+func (r *run) surgeOrRefuse(ctx context.Context, c kubernetes.Interface, d, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, want *appsv1.Deployment) (*appsv1.DeploymentStrategy, []string) {
+	if tmp == nil || !onePerNode(d) {
+		return tmp, nil
 	}
-	surge, _ := intstr.GetScaledValueFromIntOrPercent(p.strategy.RollingUpdate.MaxSurge, int(ptrOr(p.d.Spec.Replicas, 1)), true)
-	spare, err := spareNodes(ctx, c, p.d)
+	surge, _ := intstr.GetScaledValueFromIntOrPercent(tmp.RollingUpdate.MaxSurge, int(ptrOr(d.Spec.Replicas, 1)), true)
+	spare, err := spareNodes(ctx, c, d)
 	if err == nil && spare >= surge {
-		return nil
+		return tmp, nil
 	}
 	what := fmt.Sprintf("no node is spare for the %d pod(s) it adds", surge)
 	if err != nil {
 		what = fmt.Sprintf("whether a node is spare for the pod(s) it adds cannot be told (listing nodes: %v)", err)
 	}
-	why := fmt.Sprintf("the pods of deployment %s/%s need a node each (a required pod anti-affinity on %s), and %s: a rollout that adds a pod before it takes one away could not finish", p.d.Namespace, p.d.Name, corev1.LabelHostname, what)
+	why := fmt.Sprintf("the pods of deployment %s/%s need a node each (a required pod anti-affinity on %s), and %s: a rollout that adds a pod before it takes one away could not finish", d.Namespace, d.Name, corev1.LabelHostname, what)
 	if !r.o.Force {
-		return []string{why + "; --force rolls with the Deployment's own strategy (" + strategyString(p.before.Spec.Strategy) + "), which takes a pod away before its replacement is Ready"}
+		return tmp, []string{why + "; --force rolls with the Deployment's own strategy (" + strategyString(before.Spec.Strategy) + "), which takes a pod away before its replacement is Ready"}
 	}
 	r.warn("--force: " + why)
-	setRolloutStrategy(want, p.before, nil, 0)
-	p.strategy = nil
+	setRolloutStrategy(want, before, nil, 0)
 	r.res.Rollout = "with the Deployment's own strategy (--force): " + why
-	return nil
+	return nil, nil
 }

@@ -175,3 +175,20 @@ func TestInstallRefusesASurgeWithNoSpareNodeForIt(t *testing.T) {
 		t.Errorf("install with a spare node: %v\n%s", err, out.String())
 	}
 }
+
+// Uninstall, too, refuses a surge with no spare node for it.
+func TestUninstallRefusesASurgeWithNoSpareNodeForIt(t *testing.T) {
+	ctx := context.Background()
+	_, objs := onePerNodeCluster(1)
+	c := newClient(objs...)
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Uninstall(ctx, c, Options{Wait: 5 * time.Second}); !IsRefused(err) || !strings.Contains(err.Error(), "need a node each") {
+		t.Errorf("uninstall with no spare node: %v, want it refused", err)
+	}
+	if err := Uninstall(ctx, c, Options{Wait: 5 * time.Second, Force: true}); err != nil {
+		t.Errorf("uninstall --force: %v", err)
+	}
+}

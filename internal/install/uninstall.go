@@ -100,6 +100,10 @@ func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*unins
 	if err := r.uninstallStrategy(p, want); err != nil {
 		return nil, err
 	}
+	var refuse []string
+	if p.tmp, refuse = r.surgeOrRefuse(ctx, c, d, operatorView(d), p.tmp, want); len(refuse) > 0 {
+		return nil, &RefusedError{refuse}
+	}
 	p.patch, err = deploymentPatch(d, want)
 	return p, err
 }
