@@ -1,6 +1,9 @@
 package k8s_event
 
-import "container/heap"
+import (
+	"container/heap"
+	"container/list"
+)
 
 // The cache of entries, of at most CACHESIZE. When it is full, the entry that leaves is the one
 // whose loss costs the least information: a fully written event that is no storm, least recently
@@ -10,47 +13,15 @@ import "container/heap"
 // line. A choice costs O(1), and O(log n) in the plugins and levels with lines to write when a
 // line's entry changes group. The scheduler's evicted accounts for the lines of what leaves.
 
-// queue is a list of entries, least recently placed first, linked through the entries.
-type queue struct {
-	front, back *entry
-	n           int
-}
-
-// links are an entry's place in one queue of the cache.
+// links are an entry's place in one queue of the cache: a list, least recently placed first.
 type links struct {
-	prev, next *entry
-	in         *queue
-}
-
-func (q *queue) push(e *entry) {
-	e.prev, e.next, e.in = q.back, nil, q
-	if q.back != nil {
-		q.back.next = e
-	} else {
-		q.front = e
-	}
-	q.back = e
-	q.n++
-}
-
-func (q *queue) remove(e *entry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else {
-		q.front = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else {
-		q.back = e.prev
-	}
-	e.prev, e.next, e.in = nil, nil, nil
-	q.n--
+	elem *list.Element
+	in   *list.List
 }
 
 // group is the queue of the entries of one plugin and level with lines to write.
 type group struct {
-	queue
+	list.List
 	key windowKey
 	at  int // its index in the heap
 }
@@ -59,7 +30,7 @@ type group struct {
 type groups []*group
 
 func (h groups) Len() int           { return len(h) }
-func (h groups) Less(i, j int) bool { return h[i].n > h[j].n }
+func (h groups) Less(i, j int) bool { return h[i].Len() > h[j].Len() }
 func (h groups) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].at, h[j].at = i, j
@@ -80,7 +51,7 @@ type cache struct {
 	entries         map[eventKey]*entry
 	size            int
 	evicted         func(*entry)
-	written, storms queue
+	written, storms list.List
 	pending         map[windowKey]*group
 	most            groups
 }
@@ -113,9 +84,9 @@ func (c *cache) place(e *entry, seen bool) {
 	}
 	c.unlink(e) // first: a group left empty leaves the heap
 	q := c.queueOf(e)
-	q.push(e)
-	if g, ok := c.pending[groupKey(e)]; ok && q == &g.queue {
-		if g.n == 1 {
+	e.elem, e.in = q.PushBack(e), q
+	if g, ok := c.pending[groupKey(e)]; ok && q == &g.List {
+		if g.Len() == 1 {
 			heap.Push(&c.most, g)
 		} else {
 			heap.Fix(&c.most, g.at)
@@ -126,7 +97,7 @@ func (c *cache) place(e *entry, seen bool) {
 func groupKey(e *entry) windowKey { return windowKey{e.key.level, e.key.plugin} }
 
 // queueOf is the queue e belongs in.
-func (c *cache) queueOf(e *entry) *queue {
+func (c *cache) queueOf(e *entry) *list.List {
 	switch {
 	case e.inflight != 0 || e.pending() > 0 && e.dropped == 0:
 		g, ok := c.pending[groupKey(e)]
@@ -134,7 +105,7 @@ func (c *cache) queueOf(e *entry) *queue {
 			g = &group{key: groupKey(e)}
 			c.pending[g.key] = g
 		}
-		return &g.queue
+		return &g.List
 	case e.stormWritten && isStorm(e.key, e.seen-e.storm):
 		return &c.storms
 	}
@@ -147,9 +118,10 @@ func (c *cache) unlink(e *entry) {
 	if q == nil {
 		return
 	}
-	q.remove(e)
-	if g, ok := c.pending[groupKey(e)]; ok && q == &g.queue {
-		if g.n == 0 {
+	q.Remove(e.elem)
+	e.elem, e.in = nil, nil
+	if g, ok := c.pending[groupKey(e)]; ok && q == &g.List {
+		if g.Len() == 0 {
 			heap.Remove(&c.most, g.at)
 			delete(c.pending, g.key)
 		} else {
@@ -161,17 +133,18 @@ func (c *cache) unlink(e *entry) {
 // evictOne evicts the entry whose loss costs the least; false when none is left.
 func (c *cache) evictOne() bool {
 	for {
-		var e *entry
+		var front *list.Element
 		switch {
-		case c.written.front != nil:
-			e = c.written.front
-		case c.storms.front != nil:
-			e = c.storms.front
+		case c.written.Len() > 0:
+			front = c.written.Front()
+		case c.storms.Len() > 0:
+			front = c.storms.Front()
 		case len(c.most) > 0:
-			e = c.most[0].front
+			front = c.most[0].Front()
 		default:
 			return false
 		}
+		e := front.Value.(*entry)
 		if c.queueOf(e) != e.in { // its state changed since it was placed
 			c.place(e, false)
 			continue

@@ -62,8 +62,8 @@ func TestEvictionSeesWritesLanded(t *testing.T) {
 	a.carried = 1 // written; the cache is not told
 	b.carried = 1
 	c.place(b, false) // told
-	if g := c.most[0]; g.key.plugin != "plugin/noise: " || g.n != 2 || len(c.most) != 2 {
-		t.Errorf("the plugin with the most pending is %v with %d, want noise with 2", g.key, g.n)
+	if g := c.most[0]; g.key.plugin != "plugin/noise: " || g.Len() != 2 || len(c.most) != 2 {
+		t.Errorf("the plugin with the most pending is %v with %d, want noise with 2", g.key, g.Len())
 	}
 	c.add(cachedEntry("other", "x", 1, false))
 	c.add(cachedEntry("other", "y", 1, false))
@@ -71,7 +71,7 @@ func TestEvictionSeesWritesLanded(t *testing.T) {
 		t.Errorf("evicted %q, want the written b, then a", gone)
 	}
 	c.resize(1)
-	if len(c.entries) != 1 || len(c.most) != 1 || c.most[0].n != 1 {
+	if len(c.entries) != 1 || len(c.most) != 1 || c.most[0].Len() != 1 {
 		t.Errorf("after a resize to 1: %d cached, %d groups", len(c.entries), len(c.most))
 	}
 }

@@ -2,6 +2,7 @@ package k8s_event
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -123,28 +124,16 @@ func member(msg string) string {
 
 // hostOf is the IP address of a word, its port cut; empty if none.
 func hostOf(w string) string {
-	if isIPv4(w) || isIPv6(w) {
-		return w
+	if a, err := netip.ParseAddr(w); err == nil {
+		return a.String()
 	}
-	if w, ok := strings.CutPrefix(w, "["); ok {
-		if end := strings.IndexByte(w, ']'); end > 0 && isIPv6(w[:end]) {
-			return w[:end]
-		}
-		return ""
-	}
-	if host, port, ok := cutLast(w, ':'); ok && isIPv4(host) && isDigits(port) {
-		return host
+	if ap, err := netip.ParseAddrPort(w); err == nil {
+		return ap.Addr().String()
 	}
 	return ""
 }
 
+// cutMember keeps at most maxMemberLen bytes of m, whole runes only.
 func cutMember(m string) string {
-	if len(m) <= maxMemberLen {
-		return strings.Clone(m)
-	}
-	cut := maxMemberLen
-	for cut > 0 && !utf8.RuneStart(m[cut]) {
-		cut--
-	}
-	return strings.Clone(m[:cut])
+	return strings.Clone(strings.ToValidUTF8(m[:min(len(m), maxMemberLen)], "")) // not the line
 }
