@@ -153,9 +153,6 @@ func (c *correlator) observe(ln line) *entry {
 	c.seq++
 	e.seq = c.seq
 	e.message = msg
-	if e.first.IsZero() { // a storm that came back after its end
-		e.first, e.stamped = ln.at, time.Time{}
-	}
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
