@@ -80,10 +80,10 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 				return fmt.Errorf("patch deployment %s/%s: %w", ns, d.Name, err)
 			}
 		}
-		if p.strategy != nil && o.DryRun {
-			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, When: "after the rollout", Detail: "strategy back to " + strategyString(p.before.Spec.Strategy)},
-				fmt.Sprintf("after the rollout, patch deployment %s/%s", ns, d.Name))
-		}
+	}
+	if p.strategy != nil && o.DryRun {
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, When: "after the rollout", Detail: "strategy back to " + strategyString(p.before.Spec.Strategy)},
+			fmt.Sprintf("after the rollout, patch deployment %s/%s", ns, d.Name))
 	}
 	if o.DryRun {
 		for _, cm := range p.prunes {

@@ -76,6 +76,10 @@ func TestInstallFinishesTheRolloutOfAKilledRun(t *testing.T) {
 		t.Errorf("status does not say a run was cut off:\n%s", s)
 	}
 	rolledOut.Store(true)
+	var dry bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Wait: 10 * time.Second, DryRun: true, Out: &dry}); err != nil || !strings.Contains(dry.String(), "strategy back to RollingUpdate, maxSurge 25%, maxUnavailable 1") {
+		t.Errorf("the dry run of the next install: %v, want it to say the strategy goes back\n%s", err, dry.String())
+	}
 	if err := Install(ctx, c, Options{Image: image, Wait: 10 * time.Second}); err != nil {
 		t.Fatalf("the next install: %v", err)
 	}
