@@ -170,7 +170,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall or status", cmd))
 	}
+	return dispatch(ctx, cmd, kubeconfig, kubecontext, o)
+}
 
+// dispatch runs cmd against the cluster that kubeconfig and kubecontext
+// name.
+func dispatch(ctx context.Context, cmd, kubeconfig, kubecontext string, o install.Options) error {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if kubeconfig != "" {
 		rules.ExplicitPath = kubeconfig
