@@ -1201,3 +1201,35 @@ func TestNewEventGoesBeforeUpdateOnceIdle(t *testing.T) {
 		t.Errorf("%d requests, the second a %s; want W's create, then X's", len(reqs), reqs[len(reqs)-1].verb)
 	}
 }
+
+// TestPassThatReadsThePodIsLogarithmic: a scheduling decision costs
+// O(log n) in the pending events. Without COREDNS_POD_UID, while the
+// pod's read fails (a 500: the API server is unwell), every try of the
+// read is a pass that hands out one request; it costs about the same at
+// 4096 and at 65,536 pending creates, not 16 times as much.
+func TestPassThatReadsThePodIsLogarithmic(t *testing.T) {
+	pass := func(n int) time.Duration {
+		s := newScheduler(testConfig(all, 1000, 1, 2*n), testPodWithoutUID(), epoch)
+		now := epoch
+		for i := range n {
+			s.observe(ln(levelError, fmt.Sprint("p", i/ownEvents), fmt.Sprint("upstream ", i, " down"), now))
+		}
+		best := time.Duration(math.MaxInt64)
+		for range 7 {
+			cpu := cpuTime()
+			reqs, _ := s.dispatch(now)
+			took := cpuTime() - cpu
+			if len(reqs) != 1 || reqs[0].verb != verbListPod {
+				t.Fatalf("%d requests in the pass, want the pod's read", len(reqs))
+			}
+			best = min(best, took)
+			s.outcome(result{id: reqs[0].id, outcome: writeFailed, reached: true, unsure: true, err: fmt.Errorf("500")}, now)
+			now = now.Add(2 * time.Minute) // past the backoff
+		}
+		return best
+	}
+	small, large := pass(4096), pass(65536)
+	if large > 4*small {
+		t.Errorf("a pass that hands out the pod's read costs %v at 65,536 pending and %v at 4096: %.1f times as much, want about the same", large, small, float64(large)/float64(small))
+	}
+}
