@@ -492,7 +492,7 @@ func lostEntries(s *scheduler) error {
 		if e.slot.owner != nil && e.slot.owner.index < 0 {
 			return fmt.Errorf("%q waits in the queue of a plugin that has no turn", e.message)
 		}
-		if e.end == nil && (e.pending() == 0 || e.dropped > 0) || e.inflight != 0 || e.slot.in != nil || e.slot.parked {
+		if e.end == nil && (e.pending() == 0 || e.dropped > 0) || e.inflight != 0 || e.slot.in != nil {
 			continue
 		}
 		if at := e.retryAt; s.stopping && (at.After(s.deadline) || e.asked.After(s.deadline)) {

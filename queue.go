@@ -23,7 +23,6 @@ type slot struct {
 	stamp    uint64        // when it began to wait for a write that lands: oldest first
 	at       time.Time     // in the timers: when to look at it again
 	recreate bool          // its patch found the event gone
-	parked   bool          // a create waiting for the pod's read
 	never    *list.Element // in its bucket's unwritten, while it waits and was never written
 }
 

@@ -37,7 +37,7 @@ type flight struct {
 	count  int64  // the count written, from e.base
 	full   bool   // the count is 2^31-1: the object is full
 	retry  bool   // a create under a name tried before
-	read   bool   // a read of the pod, made for e's create
+	read   bool   // a read of the pod, made for a create
 }
 
 type scheduler struct {
@@ -48,7 +48,6 @@ type scheduler struct {
 	buckets  [numBuckets]*bucket
 	queues   [numBuckets]*tokenQueue // who takes each bucket's next token (queue.go)
 	timers   entryHeap               // entries waiting for a time: a backoff, a Retry-After, a quiet
-	parked   []*entry                // creates waiting for the pod's read
 	now      time.Time               // of the message being handled
 	flights  map[uint64]flight
 	lastID   uint64
@@ -205,15 +204,6 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 	for s.timers.Len() > 0 && !s.timers.es[0].slot.at.After(now) {
 		s.place(s.timers.es[0])
 	}
-	if w, must := s.pod.readDue(now, s.stopping); !must || w == 0 {
-		for _, e := range slices.Clone(s.parked) {
-			e.slot.parked = false
-			s.place(e)
-		}
-		s.parked = s.parked[:0]
-	} else if w > 0 && len(s.parked) > 0 {
-		soon(now.Add(w))
-	}
 	for b := levelFatal; b > levelDebug; b-- { // the most severe first, then the ends
 		reqs = s.serve(b-1, now, reqs, soon)
 	}
@@ -236,12 +226,11 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		read := false // a create first waits for, or makes, the read of the pod
 		if e.end != nil || e.name == "" {
 			w, must := s.pod.readDue(now, s.stopping)
-			if must && w != 0 {
+			if must && w != 0 { // the bucket waits: until the read is written no event is
 				if w > 0 {
 					soon(now.Add(w))
 				}
-				s.park(e)
-				continue
+				break
 			}
 			read = must
 		}
@@ -254,13 +243,12 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			soon(now.Add(bk.wait(now)))
 			break
 		}
-		q.served(e)
-		if read {
-			s.flights[id] = flight{e: e, bucket: b, verb: s.pod.verb, read: true}
-			s.park(e)
+		if read { // e stays first in the queue until the read is back
+			s.flights[id] = flight{bucket: b, verb: s.pod.verb, read: true}
 			reqs = append(reqs, s.pod.read(id))
 			continue
 		}
+		q.served(e)
 		reqs = append(reqs, s.prepare(e, id, b, now))
 	}
 	return reqs
@@ -298,18 +286,11 @@ func (s *scheduler) showDelays() {
 	}
 }
 
-// park sets the create e aside until the pod's read is back or due.
-func (s *scheduler) park(e *entry) {
-	s.unqueue(e)
-	e.slot.parked = true
-	s.parked = append(s.parked, e)
-}
-
 // place puts e where it waits now: in its bucket's queue, in the timers,
 // or nowhere when it has nothing to do. A storm whose quiet is up ends.
 func (s *scheduler) place(e *entry) {
 	s.unqueue(e)
-	if e.inflight != 0 || e.slot.parked {
+	if e.inflight != 0 {
 		return
 	}
 	if e.end == nil && (e.pending() == 0 || e.dropped > 0) {
@@ -461,6 +442,9 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	s.now = now
 	s.buckets[f.bucket].settle(res.id, res.reached, now)
 	switch {
+	case f.read:
+		countAnswer(res, "")
+		s.report(now, s.pod.readDone(res, now, s.rand))
 	case f.e == nil: // a fatal line's: its caller keeps its account
 		if res.unsure {
 			s.doubtful++
@@ -469,9 +453,6 @@ func (s *scheduler) outcome(res result, now time.Time) {
 		if res.err == nil {
 			eventWrites.WithLabelValues(levelFatal.reason(), "create").Inc()
 		}
-	case f.read:
-		countAnswer(res, "")
-		s.report(now, s.pod.readDone(res, now, s.rand))
 	case f.e.end != nil:
 		f.e.inflight = 0
 		s.endDone(f.e, f, res, now)
