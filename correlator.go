@@ -84,17 +84,18 @@ type windowKey struct {
 }
 
 // window is the budget of one plugin and level: the times of its latest
-// new events, a ring of the budget's size.
+// new events, a ring of the budget's size. The times keep their monotonic
+// reading: a step of the wall clock is no time that passed.
 type window struct {
-	made [budget]int64 // UnixNano
+	made [budget]time.Time
 	next int
 }
 
 // spent is the number of new events made within budgetWindow before at.
 func (w *window) spent(at time.Time) int {
-	n, since := 0, at.Add(-budgetWindow).UnixNano()
+	n := 0
 	for _, t := range w.made {
-		if t > since {
+		if at.Sub(t) < budgetWindow {
 			n++
 		}
 	}
@@ -103,7 +104,7 @@ func (w *window) spent(at time.Time) int {
 
 // spend records a new event made at at.
 func (w *window) spend(at time.Time) {
-	w.made[w.next] = at.UnixNano()
+	w.made[w.next] = at
 	w.next = (w.next + 1) % budget
 }
 
@@ -140,7 +141,7 @@ func (c *correlator) observe(ln line) *entry {
 		if e.hitters == nil {
 			e.hitters = &hitters{}
 		}
-		top = e.hitters.add(m)
+		top = e.hitters.add(m, ln.at)
 	}
 	if c.quiet > 0 && (key.level == levelWarning || key.level == levelError) {
 		if e.flow == nil {
@@ -210,7 +211,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	if o, ok := c.cache.get(own); ok {
 		return own, o, true, m
 	}
-	if e.hitters != nil && e.hitters.lowerBound(m)+1 >= promoteAt && spent < budget {
+	if e.hitters != nil && e.hitters.upperBound(m)+1 >= promoteAt && spent < ownEvents+maxShapes {
 		w.spend(ln.at)
 		return own, nil, false, m
 	}

@@ -271,3 +271,98 @@ func written(api *fakeAPI, message string) bool {
 	}
 	return false
 }
+
+// word is a word of letters only, distinct for each i: no placeholder in
+// the shape takes it.
+func word(i int) string {
+	b := []byte("kw")
+	for {
+		b = append(b, byte('a'+i%26))
+		i /= 26
+		if i == 0 {
+			return string(b)
+		}
+	}
+}
+
+// TestBudgetHoldsAcrossAWallClockStepForward: the budget of a plugin and
+// level counts the events made in the last hour that passed, on the
+// monotonic clock (design.md, "the budgets measure the time that passed
+// on the monotonic clock"). A wall clock stepped an hour forward (NTP, a
+// VM resumed) is no hour that passed: a minute after a full budget,
+// lines of 30 new shapes make no new event.
+func TestBudgetHoldsAcrossAWallClockStepForward(t *testing.T) {
+	clk := newSteppedClock()
+	h := newHarnessOn(t, testConfig(all, 100, 100, 1024), newFakeAPI(t, clk), clk, testPod())
+	api := h.api
+	for i := range 30 {
+		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
+	}
+	h.advance(time.Minute)
+	made := len(api.list())
+	if made != budget {
+		t.Fatalf("%d events of 30 shapes, want the budget, %d", made, budget)
+	}
+	clk.stepWall(time.Hour)
+	h.advance(time.Minute)
+	for i := 30; i < 60; i++ {
+		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
+	}
+	h.advance(time.Minute)
+	if n := len(api.list()); n > budget {
+		t.Errorf("%d events of one plugin and level within 3 minutes on the monotonic clock, want at most %d: a wall clock step of an hour started the budget over", n, budget)
+	}
+}
+
+// TestStormsThatEndAndComeBackStayWithinTheBudget: a plugin and level make
+// at most 21 new events in any sliding hour, and noise cannot reset this.
+// A client that sends one line of each of 20 shapes, then waits for the
+// storms' ends (quiet 1m) and sends them again, every 2 minutes, makes a
+// new Event object for each combined event each time: far more than 21
+// creates of the plugin's lines within the hour.
+func TestStormsThatEndAndComeBackStayWithinTheBudget(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))
+	start := clk.Now()
+	for clk.Since(start) < 50*time.Minute {
+		for i := range 20 {
+			h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
+		}
+		h.advance(2 * time.Minute)
+	}
+	creates := 0
+	for _, r := range eventRequests(api) {
+		if r.verb == "create" && r.reason == "CoreDNSError" && r.code < 300 {
+			creates++
+		}
+	}
+	if creates > budget {
+		t.Errorf("%d events of plugin errors at level error created within 50 minutes, want at most %d (ends: %d)", creates, budget, len(endsIn(api)))
+	}
+}
+
+// TestPromotionThatTakesTheLastOfTheBudgetLeavesNoRoomForMore: at most 21
+// new events per plugin and level in any hour (one more only when the
+// cache let the last of them go). A member promoted to an event of its own
+// when 20 are made takes the 21st; a line of a new shape after it must
+// join an event, not make a 22nd.
+func TestPromotionThatTakesTheLastOfTheBudgetLeavesNoRoomForMore(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 1024))
+	for i := range ownEvents {
+		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
+	}
+	timeout := func(port int) {
+		h.observe(ln(levelError, "errors", fmt.Sprintf("2 db.corp.example. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", port), clk.Now()))
+	}
+	timeout(40000) // the first shape
+	for i := 1; i < maxShapes; i++ {
+		h.observe(ln(levelError, "errors", "backend "+word(i)+" refused", clk.Now()))
+	}
+	for i := 1; i < promoteAt; i++ { // db.corp.example's 10th line makes it an event of its own
+		timeout(40000 + i)
+	}
+	h.observe(ln(levelError, "errors", "a new kind of failure", clk.Now()))
+	h.advance(time.Minute)
+	if n := len(api.list()); n > budget {
+		t.Errorf("%d events of one plugin and level within a minute, want at most %d", n, budget)
+	}
+}

@@ -74,7 +74,8 @@ func endOf(e *entry, now time.Time) *entry {
 	about, top := e.message, ""
 	if e.key.combined() { // its shape, not a line of one of its members
 		about = lineShape(strings.TrimPrefix(e.message, e.key.plugin))
-		top = e.hitters.String()
+		top = e.hitters.names(true)
+		e.hitters.newStorm()
 	}
 	from := e.first
 	if e.flow != nil && !e.flow.from.IsZero() {

@@ -800,3 +800,58 @@ func TestStormOfTopMemberGoesOn(t *testing.T) {
 		t.Errorf("ends %v, want the client's and then one naming db.corp.example", ends)
 	}
 }
+
+// TestStormEndsWhileOneQueryArrivesEveryFourMinutes: a storm of 1000
+// client names, then one new client name every 4 minutes. Each quiet of
+// 5 minutes then holds at most 2 lines, and some hold 1, fewer than
+// max(2, 1% of its peak of 1000) = 10, none from its top members: the
+// storm has ended, and its end is said within an hour.
+func TestStormEndsWhileOneQueryArrivesEveryFourMinutes(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, defaultQuiet))
+	logStorm(h, levelError, 0, 1000, clk.Now())
+	h.advance(time.Second)
+	for i := range 15 {
+		h.advance(4 * time.Minute)
+		logStorm(h, levelError, 5000+i, 1, clk.Now())
+	}
+	h.advance(time.Second)
+	if n := len(endsIn(api)); n == 0 {
+		t.Errorf("no end said after an hour of one line every 4 minutes, after a storm of 1000 lines (quiet %v)", defaultQuiet)
+	}
+}
+
+// TestEndOfAStormThatCameBackNamesItsOwnMembers: a storm that ends and
+// comes back is a new storm, a new object and a new count: its end says
+// what it was about, its own members, not those of the storm before it.
+func TestEndOfAStormThatCameBackNamesItsOwnMembers(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))
+	for i := range ownEvents {
+		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
+	}
+	timeout := func(name string, port int) {
+		h.observe(ln(levelError, "errors", fmt.Sprintf("2 %s A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", name, port), clk.Now()))
+	}
+	for i := range 5 {
+		timeout("old.attacker.example.", 41000+i)
+	}
+	for i := range 3 {
+		timeout(word(i)+".client.example.", 42000+i)
+	}
+	h.advance(3 * time.Minute)
+	if n := len(endsIn(api)); n != 1 {
+		t.Fatalf("%d ends after the first storm, want 1", n)
+	}
+	for i := range 4 {
+		timeout("db.corp.example.", 43000+i)
+	}
+	h.advance(3 * time.Minute)
+	ends := endsIn(api)
+	if len(ends) != 2 {
+		t.Fatalf("%d ends after the second storm, want 2", len(ends))
+	}
+	for _, end := range ends {
+		if strings.Contains(end.Message, " 4 lines ") && strings.Contains(end.Message, "old.attacker.example") {
+			t.Errorf("the end of the second storm, of 4 lines of db.corp.example, names the first storm's member:\n%s", end.Message)
+		}
+	}
+}

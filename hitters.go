@@ -2,9 +2,11 @@ package k8s_event
 
 import (
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -22,30 +24,56 @@ const (
 	maxHitters   = 256 // bytes of a message that name hitters
 )
 
+// sketchWidth is the counters of each of the two rows of a summary's
+// count-min sketch (Cormode and Muthukrishnan): each member counts in one
+// counter of each row, so the lesser is an upper bound on its lines that
+// churn of other members barely moves, unlike a counter of the summary.
+const sketchWidth = 256
+
 type hitter struct {
 	member     string
 	count, err int64 // count is an upper bound, count-err a lower bound
+	from       int64 // count when the current storm began
+}
+
+// low is a lower bound on the member's lines, or on those of the current
+// storm only.
+func (s hitter) low(storm bool) int64 {
+	if storm {
+		return s.count - max(s.err, s.from)
+	}
+	return s.count - s.err
 }
 
 // hitters is the summary of the members of a combined event.
 type hitters struct {
-	slots []hitter
-	lines int64
+	slots  []hitter
+	lines  int64
+	sketch [2][sketchWidth]uint8 // the lines of budgetWindow from since, at most 255
+	since  time.Time
 }
 
-// add counts a line of member and tells whether member is now among the
-// top (see top).
-func (h *hitters) add(member string) bool {
+// add counts a line of member at at and tells whether member is now among
+// the top (see top).
+func (h *hitters) add(member string, at time.Time) bool {
 	h.lines++
 	if member == "" {
 		return false
+	}
+	if at.Sub(h.since) >= budgetWindow {
+		h.sketch, h.since = [2][sketchWidth]uint8{}, at
+	}
+	for r, i := range h.cells(member) {
+		if h.sketch[r][i] < 255 { // far above promoteAt
+			h.sketch[r][i]++
+		}
 	}
 	least := -1
 	for i := range h.slots {
 		s := &h.slots[i]
 		if s.member == member {
 			s.count++
-			return h.isTop(*s)
+			return h.isTop(*s, false)
 		}
 		if least < 0 || s.count < h.slots[least].count {
 			least = i
@@ -53,32 +81,46 @@ func (h *hitters) add(member string) bool {
 	}
 	if len(h.slots) < hitterSlots {
 		h.slots = append(h.slots, hitter{member: member, count: 1})
-		return h.isTop(h.slots[len(h.slots)-1])
+		return h.isTop(h.slots[len(h.slots)-1], false)
 	}
 	s := &h.slots[least]
 	*s = hitter{member: member, count: s.count + 1, err: s.count}
-	return h.isTop(*s)
+	return h.isTop(*s, false)
 }
 
-// isTop: more than lines/hitterSlots, and two lines or more.
-func (h *hitters) isTop(s hitter) bool { return s.count*hitterSlots > h.lines && s.count-s.err >= 2 }
+// isTop: more than lines/hitterSlots, and two lines or more (of the
+// current storm).
+func (h *hitters) isTop(s hitter, storm bool) bool {
+	return s.count*hitterSlots > h.lines && s.low(storm) >= 2
+}
 
-// lowerBound is the least number of lines member may have had.
-func (h *hitters) lowerBound(member string) int64 {
-	for _, s := range h.slots {
-		if s.member == member {
-			return s.count - s.err
-		}
+// newStorm starts the count of the current storm's lines afresh.
+func (h *hitters) newStorm() {
+	for i := range h.slots {
+		h.slots[i].from = h.slots[i].count
 	}
-	return 0
 }
 
-// top lists the members above lines/hitterSlots with two lines or more,
-// most first.
-func (h *hitters) top() []hitter {
+// cells are member's counters in the two rows of the sketch.
+func (h *hitters) cells(member string) [2]uint8 {
+	x := maphash.String(shapeSeed, member)
+	return [2]uint8{uint8(x), uint8(x >> 8)}
+}
+
+// upperBound is the most lines member may have had within budgetWindow:
+// never below its lines, so that no member of promoteAt lines is missed
+// however many others churn.
+func (h *hitters) upperBound(member string) int64 {
+	c := h.cells(member)
+	return int64(min(h.sketch[0][c[0]], h.sketch[1][c[1]]))
+}
+
+// top lists the members above lines/hitterSlots with two lines or more
+// (of the current storm), most first.
+func (h *hitters) top(storm bool) []hitter {
 	var out []hitter
 	for _, s := range h.slots {
-		if h.isTop(s) {
+		if h.isTop(s, storm) {
 			out = append(out, s)
 		}
 	}
@@ -86,16 +128,19 @@ func (h *hitters) top() []hitter {
 	return out
 }
 
-// String names the top members with their lower bounds, within
-// maxHitters bytes: "most: a.example.org. ≥12, 10.0.0.1 ≥5"; empty when none.
-func (h *hitters) String() string {
+func (h *hitters) String() string { return h.names(false) }
+
+// names are the top members (of the current storm) with their lower bounds,
+// within maxHitters bytes: "most: a.example.org. ≥12, 10.0.0.1 ≥5"; empty
+// when none.
+func (h *hitters) names(storm bool) string {
 	var b strings.Builder
-	for _, s := range h.top() {
+	for _, s := range h.top(storm) {
 		sep := "most: "
 		if b.Len() > 0 {
 			sep = ", "
 		}
-		item := fmt.Sprintf("%s%s ≥%d", sep, s.member, s.count-s.err)
+		item := fmt.Sprintf("%s%s ≥%d", sep, s.member, s.low(storm))
 		if b.Len()+len(item) > maxHitters {
 			break
 		}

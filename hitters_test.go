@@ -29,12 +29,12 @@ func TestMemberIsFirstNameElseAddress(t *testing.T) {
 func TestHittersNameHeavyMembers(t *testing.T) {
 	var h hitters
 	for i := range 1000 {
-		h.add(fmt.Sprintf("c%d.client.example", i))
+		h.add(fmt.Sprintf("c%d.client.example", i), time.Time{})
 		if i%16 == 0 {
-			h.add("db.corp.example")
+			h.add("db.corp.example", time.Time{})
 		}
 	}
-	top := h.top()
+	top := h.top(false)
 	if len(top) != 1 || top[0].member != "db.corp.example" {
 		t.Fatalf("top %+v, want db.corp.example alone", top)
 	}
@@ -46,7 +46,7 @@ func TestHittersNameHeavyMembers(t *testing.T) {
 	}
 	var many hitters
 	for i := range 40 * hitterSlots {
-		many.add(fmt.Sprintf("%s%d.example", strings.Repeat("x", 100), i%(hitterSlots/2)))
+		many.add(fmt.Sprintf("%s%d.example", strings.Repeat("x", 100), i%(hitterSlots/2)), time.Time{})
 	}
 	if s := many.String(); len(s) > maxHitters || strings.Count(s, "≥") < 2 {
 		t.Errorf("%d bytes naming %d members, want at most %d", len(s), strings.Count(s, "≥"), maxHitters)
@@ -87,4 +87,44 @@ func TestFailingHostAmongClientNamesIsNamed(t *testing.T) {
 		}
 	}
 	t.Errorf("no event names the host of %d timeouts among %d lines", hostLines, observed)
+}
+
+// TestFailingHostAmongManyClientNamesBecomesItsOwnEvent: ten timeouts for
+// one host, each among 41 distinct names of a client, all of one shape
+// (the host's share, 1/42, is under 1/32 of the lines):
+// the host has 10 lines in the hour, so it becomes an event of its own
+// (within the budget, which the client's names of one shape leave
+// untouched past the first 10), or at least some event names it.
+func TestFailingHostAmongManyClientNamesBecomesItsOwnEvent(t *testing.T) {
+	cfg := testConfig(all, 100, 100, defaultCacheSize)
+	cfg.quiet = defaultQuiet
+	h, api, clk := newTestHarness(t, cfg)
+	before := readLedger()
+	observed := 0
+	for i := range 10 {
+		for j := range 40 {
+			h.observe(ln(levelError, "errors", fmt.Sprintf("2 c%d-%d.client.example. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout", i, j, 30000+j), clk.Now()))
+			observed++
+		}
+		h.observe(ln(levelError, "errors", fmt.Sprintf("2 db.corp.example. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", 40000+i), clk.Now()))
+		// A client's line right after it: the latest line is never the host's.
+		h.observe(ln(levelError, "errors", fmt.Sprintf("2 c%d.client.example. A: read udp 10.0.0.9:30000->192.0.2.53:53: i/o timeout", i), clk.Now()))
+		observed += 2
+		h.advance(time.Minute)
+	}
+	h.advance(time.Minute)
+	checkLedger(t, api, before, float64(observed))
+	if e := h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", shape: shapeHash(" 2 db.corp.example. A: read udp 10.0.0.5:40000->10.0.0.2:53: i/o timeout"), member: "db.corp.example."}); e != nil {
+		return
+	}
+	for _, ev := range api.list() {
+		if strings.Contains(ev.Message, "db.corp.example") {
+			return
+		}
+	}
+	var msgs []string
+	for _, ev := range combinedOf(api.list()) {
+		msgs = append(msgs, fmt.Sprintf("%d %s", ev.Count, ev.Message))
+	}
+	t.Errorf("the host of 10 timeouts in 10 minutes is neither an event of its own nor named by one, among %d lines; combined events:\n%s", observed, strings.Join(msgs, "\n"))
 }
