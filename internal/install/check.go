@@ -22,11 +22,17 @@ import (
 // aside. A plugin's block whose } shares a line with an option is
 // refused: caddyfile reads that } as one more argument of the option.
 func CheckCorefile(text string) error {
+	return checkCorefileWith(text, nil)
+}
+
+// checkCorefileWith is CheckCorefile of a Corefile beside the files m,
+// what it imports of them read as its own.
+func checkCorefileWith(text string, m *mountedFiles) error {
 	if err := blockClosedOnAnOptionLine(text); err != nil {
 		return err
 	}
 	directives.Standard()
-	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text)), dnsserver.Directives)
+	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text, m)), dnsserver.Directives)
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,13 @@ import (
 // cannot take options here, and a block that would have kubeapi twice is
 // refused, as CoreDNS would not start.
 func AddPlugins(text string, options []string) (string, bool, error) {
-	splices, err := planCorefile(text, options)
+	return addPluginsWith(text, options, nil)
+}
+
+// addPluginsWith is AddPlugins of a Corefile beside the files m: what it
+// imports of them counts as its own.
+func addPluginsWith(text string, options []string, m *mountedFiles) (string, bool, error) {
+	splices, err := planCorefile(text, options, m)
 	if err != nil {
 		return "", false, err
 	}
@@ -37,11 +43,11 @@ func AddPlugins(text string, options []string) (string, bool, error) {
 }
 
 // planCorefile is the splices that AddPlugins makes of text.
-func planCorefile(text string, options []string) ([]splice, error) {
+func planCorefile(text string, options []string, m *mountedFiles) ([]splice, error) {
 	if err := checkOptionStanza(options); err != nil {
 		return nil, err
 	}
-	cf, err := readCorefile(text)
+	cf, err := readCorefile(text, m)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +76,12 @@ func planCorefile(text string, options []string) ([]splice, error) {
 // HasPlugins reports whether any server block of the Corefile has
 // k8s_event, itself or through a snippet it imports.
 func HasPlugins(text string) bool {
-	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text)), nil)
+	return hasPluginsWith(text, nil)
+}
+
+// hasPluginsWith is HasPlugins of a Corefile beside the files m.
+func hasPluginsWith(text string, m *mountedFiles) bool {
+	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text, m)), nil)
 	if err != nil {
 		return false
 	}
@@ -119,7 +130,7 @@ func (c *corefileText) addPlugins(b *serverBlock, options []string) ([]splice, e
 // kubeapiTwice is the error for a server block with more than one kubeapi
 // stanza.
 func kubeapiTwice(keys []string, n int) error {
-	return fmt.Errorf("server block %s has kubeapi %d times (counting the snippets it imports): kubeapi may appear once in a server block, and CoreDNS would not start; remove all but one", strings.Join(keys, " "), n)
+	return fmt.Errorf("server block %s has kubeapi %d times (counting the snippets and files of its ConfigMap it imports): kubeapi may appear once in a server block, and CoreDNS would not start; remove all but one", strings.Join(keys, " "), n)
 }
 
 // stanzaLines is a k8s_event stanza with options, a line each.

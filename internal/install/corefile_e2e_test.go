@@ -143,7 +143,7 @@ func withPort(key string, port int) string {
 // prometheus on free loopback ports, forward to a loopback port where
 // nothing listens, and no loop (it queries upstream at start).
 func localCorefile(corefile string, port int, kubeconfig string) (string, error) {
-	c, err := readCorefile(corefile)
+	c, err := readCorefile(corefile, nil)
 	if err != nil {
 		return "", err
 	}

@@ -263,7 +263,7 @@ func TestAddPluginsKeepsEveryByteOfTheCorpus(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			opts := corpusOptions[name]
-			splices, err := planCorefile(src, opts)
+			splices, err := planCorefile(src, opts, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -299,7 +299,7 @@ func TestAddPluginsKeepsEveryByteOfTheCorpus(t *testing.T) {
 // of a k8s_event stanza of src.
 func checkSplicesKeepBytes(t *testing.T, src string, splices []splice) {
 	t.Helper()
-	cf, err := readCorefile(src)
+	cf, err := readCorefile(src, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func checkSplicesKeepBytes(t *testing.T, src string, splices []splice) {
 func checkBlocksKept(t *testing.T, src, out string, once bool) {
 	t.Helper()
 	parse := func(text string) []caddyfile.ServerBlock {
-		blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text)), nil)
+		blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text, nil)), nil)
 		if err != nil {
 			t.Fatalf("parse: %v\n%s", err, text)
 		}
@@ -418,7 +418,7 @@ func TestAddPluginsRefusesWhatWouldNotStart(t *testing.T) {
 		options []string
 		err     string
 	}{
-		"kubeapi-twice.Corefile":        {nil, "server block .:53 has kubeapi 2 times (counting the snippets it imports): kubeapi may appear once in a server block, and CoreDNS would not start; remove all but one"},
+		"kubeapi-twice.Corefile":        {nil, "server block .:53 has kubeapi 2 times (counting the snippets and files of its ConfigMap it imports): kubeapi may appear once in a server block, and CoreDNS would not start; remove all but one"},
 		"k8s_event-in-snippet.Corefile": {[]string{"level info"}, "server block .:53 has k8s_event from a snippet or a file it imports, which install does not edit: set the options there, or install without --option"},
 		"unclosed.Corefile":             {nil, "Corefile:3: kubernetes is not closed"},
 		"no-braces.Corefile":            {nil, "Corefile:1: server block .:53 has no braces: add them, then install"},
@@ -457,7 +457,7 @@ func FuzzAddPlugins(f *testing.F) {
 		if options != "" {
 			opts = strings.Split(options, "\n")
 		}
-		if _, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(src)), nil); err != nil {
+		if _, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(src, nil)), nil); err != nil {
 			return
 		}
 		out, _, err := AddPlugins(src, opts)

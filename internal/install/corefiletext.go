@@ -2,6 +2,8 @@ package install
 
 import (
 	"fmt"
+	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -56,9 +58,10 @@ func applySplices(src string, splices []splice) string {
 	return b.String()
 }
 
-// readCorefile reads text as caddyfile does, and its blocks as written.
-func readCorefile(text string) (*corefileText, error) {
-	parsed, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text)), nil)
+// readCorefile reads text as caddyfile does, the files of m it imports
+// expanded, and its blocks as written.
+func readCorefile(text string, m *mountedFiles) (*corefileText, error) {
+	parsed, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text, m)), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -268,10 +271,47 @@ func (c *corefileText) indentUnit() string {
 	return "    "
 }
 
-// withoutFileImports is text with each import of a file blanked (the
-// line numbers stay): those files are on the pods, not here. Imports of
-// the Corefile's own snippets stay.
-func withoutFileImports(text string) string {
+// mountedFiles are the files the config volume puts beside the Corefile
+// in the pods, keys of the Corefile's own ConfigMap: an import of one
+// reads that key, as a snippet would be read, not a file out of sight.
+type mountedFiles struct {
+	dir   string            // the Corefile's directory in the pods
+	files map[string]string // path in the pods -> text
+}
+
+// maxImportDepth bounds imports within imported keys.
+const maxImportDepth = 10
+
+// matches are the paths of the mounted files that an import of pattern
+// reads, in the order caddyfile's glob reads them.
+func (m *mountedFiles) matches(pattern string) []string {
+	if m == nil {
+		return nil
+	}
+	if !path.IsAbs(pattern) {
+		pattern = path.Join(m.dir, pattern)
+	}
+	var out []string
+	for p := range m.files {
+		if ok, _ := path.Match(pattern, p); ok {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// withoutFileImports is text with each import of a file that m mounts
+// replaced by that file's text, imports expanded in turn, and each import
+// of another file blanked (those files are on the pods, not here; the
+// line numbers before an expanded import stay). Imports of the Corefile's
+// own snippets stay.
+func withoutFileImports(text string, m *mountedFiles) string {
+	return expandImports(text, m, snippetNames(text), 0)
+}
+
+// snippetNames are the names of the snippets text defines.
+func snippetNames(text string) map[string]bool {
 	tokens := lex(text)
 	snippets := map[string]bool{}
 	for i, t := range tokens {
@@ -279,16 +319,33 @@ func withoutFileImports(text string) string {
 			snippets[strings.TrimSuffix(t.text[1:], ")")] = true
 		}
 	}
-	b := []byte(text)
+	return snippets
+}
+
+// expandImports is withoutFileImports of text read at depth imports in.
+func expandImports(text string, m *mountedFiles, snippets map[string]bool, depth int) string {
+	tokens := lex(text)
+	var splices []splice
 	for i := 0; i+1 < len(tokens); i++ {
 		if tokens[i].text != "import" || !startsLine(tokens, i) || startsLine(tokens, i+1) || snippets[tokens[i+1].text] {
 			continue
 		}
-		for j := tokens[i].start; j < tokens[i+1].end; j++ {
-			if b[j] != '\n' {
-				b[j] = ' '
+		s := splice{start: tokens[i].start, end: tokens[i+1].end}
+		if files := m.matches(tokens[i+1].text); len(files) > 0 && depth < maxImportDepth {
+			var b strings.Builder
+			for _, f := range files {
+				b.WriteString(expandImports(m.files[f], m, snippets, depth+1) + "\n")
 			}
+			s.text = b.String()
+		} else {
+			s.text = strings.Map(func(r rune) rune {
+				if r == '\n' {
+					return r
+				}
+				return ' '
+			}, text[s.start:s.end])
 		}
+		splices = append(splices, s)
 	}
-	return string(b)
+	return applySplices(text, splices)
 }

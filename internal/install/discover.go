@@ -20,7 +20,11 @@ type target struct {
 	container int // index in the pod template
 	volume    int // index of the config volume
 	key       string
-	rec       *record // nil when k8s_event is not installed
+	// conf is the Corefile's path in the pods; mountDir the directory the
+	// config volume is mounted on whole, "" when only the Corefile is
+	// mounted (subPath).
+	conf, mountDir string
+	rec            *record // nil when k8s_event is not installed
 }
 
 // findDeployment returns the CoreDNS Deployment that o names.
@@ -109,7 +113,10 @@ func inspect(d *appsv1.Deployment, o *Options) (*target, error) {
 	if t.volume < 0 || spec.Volumes[t.volume].ConfigMap == nil {
 		return nil, fmt.Errorf("deployment %s/%s: volume %q of -conf %s is not a ConfigMap", d.Namespace, d.Name, mount.Name, conf)
 	}
-	t.key = rel
+	t.key, t.conf = rel, conf
+	if mount.SubPath == "" {
+		t.mountDir = mount.MountPath
+	}
 	for _, it := range spec.Volumes[t.volume].ConfigMap.Items {
 		if it.Path == rel {
 			t.key = it.Key

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -197,11 +198,12 @@ func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
 // kubeapi and k8s_event in the Corefile, named by its content.
 func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap) (*corev1.ConfigMap, error) {
 	d, ns := t.dep, t.dep.Namespace
-	corefile, _, err := AddPlugins(src.Data[t.key], r.o.Options)
+	m := t.mountedFiles(orig.Volume, src.Data)
+	corefile, _, err := addPluginsWith(src.Data[t.key], r.o.Options, m)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
 	}
-	if err := CheckCorefile(corefile); err != nil {
+	if err := checkCorefileWith(corefile, m); err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: the Corefile made from it would not load: %w", ns, src.Name, t.key, err)
 	}
 	data := maps.Clone(src.Data)
@@ -234,6 +236,27 @@ func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap) (*c
 		Data:       data,
 		BinaryData: binary,
 	}, nil
+}
+
+// mountedFiles are the keys of data other than the Corefile that vol
+// puts beside it in the pods; nil when only the Corefile is mounted.
+func (t *target) mountedFiles(vol corev1.Volume, data map[string]string) *mountedFiles {
+	if t.mountDir == "" || vol.ConfigMap == nil {
+		return nil
+	}
+	m := &mountedFiles{dir: path.Dir(t.conf), files: map[string]string{}}
+	for k, v := range data {
+		p, ok := k, len(vol.ConfigMap.Items) == 0
+		for _, it := range vol.ConfigMap.Items {
+			if it.Key == k {
+				p, ok = it.Path, true
+			}
+		}
+		if full := path.Join(t.mountDir, p); ok && full != t.conf {
+			m.files[full] = v
+		}
+	}
+	return m
 }
 
 // describeKeys says, key by key, what the ConfigMap the pods read keeps

@@ -109,3 +109,47 @@ func TestAKeyThePodsDoNotMountNeitherRollsThePodsNorIsAProblem(t *testing.T) {
 		t.Errorf("status after a change to the Corefile:\n%s", text)
 	}
 }
+
+// A Corefile that imports a file which is a key of its own ConfigMap
+// (mounted beside it, read by CoreDNS as /etc/coredns/common.conf): that
+// file is not on the pods out of the tool's sight, it is in the very
+// ConfigMap the install copies into the one the pods read. When it holds
+// kubeapi, the server block has kubeapi already: the install adds only
+// k8s_event, as it does for a snippet, and does not add a second kubeapi,
+// which kubeapi's setup would refuse.
+func TestInstallCountsKubeapiInAnImportedKeyOfItsConfigMap(t *testing.T) {
+	ctx := context.Background()
+	d := deployment()
+	// The volume mounts every key, as kubeadm's does.
+	d.Spec.Template.Spec.Volumes[0].ConfigMap.Items = nil
+	cm := configMap()
+	cm.Data = map[string]string{
+		"Corefile":    ".:53 {\n    import common.conf\n    errors\n    kubernetes cluster.local in-addr.arpa ip6.arpa\n    forward . /etc/resolv.conf\n}\n",
+		"common.conf": "kubeapi\nhealth\nready\n",
+	}
+	for _, pattern := range []string{"common.conf", "/etc/coredns/common.conf", "*.conf"} {
+		cm.Data["Corefile"] = strings.Replace(cm.Data["Corefile"], "import common.conf", "import "+pattern, 1)
+		var out bytes.Buffer
+		err := Install(ctx, newClient(d, cm), Options{Image: image, DryRun: true, Out: &out})
+		if err != nil || strings.Contains(out.String(), "+     kubeapi") || !strings.Contains(out.String(), "+     k8s_event") {
+			t.Errorf("import %s: install --dry-run: %v; want k8s_event added and no second kubeapi (common.conf has one):\n%s", pattern, err, out.String())
+		}
+		cm.Data["Corefile"] = strings.Replace(cm.Data["Corefile"], "import "+pattern, "import common.conf", 1)
+	}
+}
+
+// A second kubeapi written in the Corefile beside one in an imported key
+// of its ConfigMap is refused: CoreDNS would not start.
+func TestInstallRefusesKubeapiTwiceThroughAnImportedKeyOfItsConfigMap(t *testing.T) {
+	d := deployment()
+	d.Spec.Template.Spec.Volumes[0].ConfigMap.Items = nil
+	cm := configMap()
+	cm.Data = map[string]string{
+		"Corefile":    ".:53 {\n    import common.conf\n    kubeapi\n    kubernetes cluster.local\n}\n",
+		"common.conf": "kubeapi\n",
+	}
+	err := Install(context.Background(), newClient(d, cm), Options{Image: image, DryRun: true, Out: &bytes.Buffer{}})
+	if err == nil || !strings.Contains(err.Error(), "kubeapi 2 times") {
+		t.Errorf("install --dry-run: %v; want it refused: kubeapi twice", err)
+	}
+}

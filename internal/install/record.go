@@ -112,7 +112,7 @@ func otherInstall(t *target, src *corev1.ConfigMap) error {
 			missing = append(missing, e.Name)
 		}
 	}
-	if t.rec != nil || !HasPlugins(src.Data[t.key]) || len(have) == 0 {
+	if t.rec != nil || !hasPluginsWith(src.Data[t.key], t.mountedFiles(t.dep.Spec.Template.Spec.Volumes[t.volume], src.Data)) || len(have) == 0 {
 		return nil
 	}
 	vars := "the downward-API variables"

@@ -152,7 +152,7 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 		if t.rec.Source != "" {
 			return s.checkSource(ctx, c, ns, t.rec)
 		}
-	case read != nil && t.key != "" && HasPlugins(read.Data[t.key]):
+	case read != nil && t.key != "" && hasPluginsWith(read.Data[t.key], t.mountedFiles(t.dep.Spec.Template.Spec.Volumes[t.volume], read.Data)):
 		s.State = StateOther
 	}
 	return nil
