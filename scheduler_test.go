@@ -1233,3 +1233,48 @@ func TestPassThatReadsThePodIsLogarithmic(t *testing.T) {
 		t.Errorf("a pass that hands out the pod's read costs %v at 65,536 pending and %v at 4096: %.1f times as much, want about the same", large, small, float64(large)/float64(small))
 	}
 }
+
+// TestQuietPluginsLineIsNotHeldBehindAnotherPluginsRecreate: with the API
+// answering, a line of a plugin with nothing pending waits at most (1 +
+// the other plugins waiting on their first event) refills (README). A
+// loud plugin whose written event the API server's event TTL removed (1 h
+// by default: the normal course, no outage) takes one token for the
+// patch, then, its patch answered 404, the next one for the re-create:
+// two events ahead of the quiet plugin's line, not one.
+func TestQuietPluginsLineIsNotHeldBehindAnotherPluginsRecreate(t *testing.T) {
+	const refill = 300 * time.Second
+	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
+	h.observe(ln(levelError, "forward", "upstream X down", clk.Now()))
+	drain(h) // forward's event is written: forward served first
+	h.advance(refill)
+	h.observe(ln(levelError, "reload", "Corefile changed", clk.Now()))
+	drain(h) // then reload's
+	h.advance(time.Hour)
+	// The event TTL removes forward's event.
+	api.mu.Lock()
+	for k, ev := range api.events {
+		if strings.HasPrefix(ev.Message, "plugin/forward: ") {
+			delete(api.events, k)
+		}
+	}
+	api.mu.Unlock()
+	h.observe(ln(levelError, "cache", "a line of a third plugin", clk.Now()))
+	drain(h) // takes the token there is: the bucket is empty
+	logged := clk.Now()
+	h.observe(ln(levelError, "forward", "upstream X down", logged)) // an update: a patch, which finds it gone
+	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
+	bound := 2 * refill // 1 + 1, counting forward as a plugin waiting, generously
+	h.advance(bound + time.Second)
+	for _, ev := range api.list() {
+		if ev.Message == "plugin/reload: Corefile changed but reload failed" {
+			return
+		}
+	}
+	var got []string
+	for _, r := range eventRequests(api) {
+		if !r.at.Before(logged) {
+			got = append(got, fmt.Sprintf("%v %s %d", r.at.Sub(logged), r.verb, r.code))
+		}
+	}
+	t.Errorf("reload's line, its plugin with nothing pending, is not written %v after it was logged (bound %v); requests since: %v", bound+time.Second, bound, got)
+}
