@@ -1278,3 +1278,27 @@ func TestQuietPluginsLineIsNotHeldBehindAnotherPluginsRecreate(t *testing.T) {
 	}
 	t.Errorf("reload's line, its plugin with nothing pending, is not written %v after it was logged (bound %v); requests since: %v", bound+time.Second, bound, got)
 }
+
+// TestNewShapeOfABusyPluginIsServedBeforeMoreOfAnotherShape: tokens go to
+// the plugins least recently served first, then to the shapes within a
+// plugin, so that a client's timeouts, one shape, never hold back a
+// genuine refusal of the same plugin, a shape never served: it takes the
+// plugin's next turn, not the turn after eleven timeouts.
+func TestNewShapeOfABusyPluginIsServedBeforeMoreOfAnotherShape(t *testing.T) {
+	const refill = 300 * time.Second
+	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 4096))
+	for i := range ownEvents + 1 {
+		h.observe(ln(levelError, "errors", fmt.Sprintf("2 kw%c.client.example. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout", 'a'+i, 30000+i), clk.Now()))
+	}
+	drain(h) // the first timeout takes the token there is
+	h.advance(time.Second)
+	logged := clk.Now()
+	h.observe(ln(levelError, "errors", "2 db.corp.example. A: read udp 10.0.0.5:40001->10.0.0.2:53: read: connection refused", logged))
+	h.advance(2 * refill)
+	for _, ev := range api.list() {
+		if strings.Contains(ev.Message, "connection refused") {
+			return
+		}
+	}
+	t.Errorf("the refusal logged at %v, the plugin's only line of its shape, is not written two refills later; the %d events written are all timeouts, of one shape", logged, len(api.list()))
+}
