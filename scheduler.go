@@ -312,8 +312,8 @@ func (s *scheduler) place(e *entry) {
 				e.slot.never = s.queues[e.key.level].unwritten.PushBack(e)
 			}
 		}
-		_, settling := s.settling[e]
-		s.queues[bucketOf(e)].push(e, settling)
+		_, settling := s.settling[e] // in the flush, a re-create goes first too
+		s.queues[bucketOf(e)].push(e, settling || s.stopping && e.slot.recreate)
 		if s.buckets[bucketOf(e)].wait(s.now) > 0 {
 			s.deferred(e, bucketOf(e))
 		}

@@ -1137,16 +1137,16 @@ func TestNewLineOfQuietPluginIsWrittenWithinOneRefillDespiteBacklog(t *testing.T
 	t.Errorf("the reload line logged at %v is not written after one refill", logged)
 }
 
-// TestNewEventsAndUpdatesAlternate: within a plugin, when both wait, an
+// TestNewEventsAndUpdatesAlternate: within a shape, when both wait, an
 // update of a written event and new events take turns, new first, so
 // that neither waits for all of the other.
 func TestNewEventsAndUpdatesAlternate(t *testing.T) {
 	h, api, clk := newTestHarness(t, testConfig(all, 1.0/300, 1, 64))
-	h.observe(ln(levelError, "errors", "upstream W down", clk.Now()))
-	h.observe(ln(levelError, "errors", "upstream X down", clk.Now()))
+	h.observe(ln(levelError, "errors", "upstream 1 down", clk.Now())) // W, X and Y: one shape
+	h.observe(ln(levelError, "errors", "upstream 2 down", clk.Now()))
 	drain(h) // W is written, X waits
-	h.observe(ln(levelError, "errors", "upstream Y down", clk.Now()))
-	h.observe(ln(levelError, "errors", "upstream W down", clk.Now()))
+	h.observe(ln(levelError, "errors", "upstream 3 down", clk.Now()))
+	h.observe(ln(levelError, "errors", "upstream 1 down", clk.Now()))
 	h.advance(3 * 300 * time.Second)
 	var verbs []string
 	for _, r := range eventRequests(api) {
