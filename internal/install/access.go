@@ -189,6 +189,14 @@ func leaseNeeds(name string) []need {
 	}
 }
 
+// watchRollout is what a run needs to tell that the rollout of Deployment
+// name finished and its pods settled: to read the Deployment and list its
+// pods.
+func watchRollout(name string) need {
+	return needs("waiting for the rollout of deployment "+name+" and its pods to settle",
+		right{verb: "get", group: "apps", resource: "deployments", name: name}, right{verb: "list", resource: "pods"})
+}
+
 // installAccess is what an install needs and the dry runs of its writes,
 // in the order it makes them: the Corefile ConfigMap, the Role and
 // RoleBinding, the Deployment's patch.
@@ -197,6 +205,7 @@ func installAccess(c kubernetes.Interface, p *installPlan) ([]need, []dryWrite) 
 	deploy := "patch deployment " + ns + "/" + name
 	list := []need{
 		needs(deploy+" (and put its strategy back after the rollout)", right{verb: "patch", group: "apps", resource: "deployments", name: name}),
+		watchRollout(name),
 		needs("finding the ConfigMaps no revision reads", right{verb: "list", group: "apps", resource: "replicasets"}, right{verb: "list", resource: "configmaps"}),
 	}
 	var writes []dryWrite
@@ -247,6 +256,7 @@ func (r *run) uninstallRights(ctx context.Context, c kubernetes.Interface, befor
 	}
 	list := []need{
 		needs(deploy+" (and put its strategy back after the rollout)", right{verb: "patch", group: "apps", resource: "deployments", name: name}),
+		watchRollout(name),
 		needs("deleting the Corefile ConfigMaps no revision reads", right{verb: "list", group: "apps", resource: "replicasets"}, right{verb: "list", resource: "configmaps"}, right{verb: "delete", resource: "configmaps"}),
 		needs("deleting the Role and RoleBinding the install made", rb("delete", "rolebindings"), rb("delete", "roles")),
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -204,5 +205,32 @@ func TestInstallWithoutTheLeaseRightsTakesNoLease(t *testing.T) {
 	}
 	if l, _ := c.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{}); len(l.Items) > 0 {
 		t.Errorf("a lease was taken")
+	}
+}
+
+// Whether the rollout settled is read from the pods (templatePods lists
+// them, for the restarts during the wait and for the settle time): a run
+// that may not list pods patches the Deployment, rolls every pod, cannot
+// tell that they settled, and after the settle time plus a minute puts
+// it all back. Listing pods is part of the right to finish, so a run
+// without it must be refused before its first write, and the dry run
+// must say so. (Here the run is cut off after 3 s, once its writes are
+// made; on a real cluster it rolls twice and fails.)
+func TestInstallWithoutTheRightToListPodsWritesNothing(t *testing.T) {
+	d := chartDefaults()
+	c := newClient(d.DeepCopy(), configMap())
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	forbid(c, "list", "pods")
+	var out bytes.Buffer
+	dry := Install(context.Background(), c, Options{Image: image, DryRun: true, Wait: time.Minute, Out: &out})
+	if !IsRefused(dry) {
+		t.Errorf("dry run: %v, want it refused: the run could not tell that its pods settled (list pods)\n%s", dry, out.String())
+	}
+	w := writes(c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err := Install(ctx, c, Options{Image: image, Wait: time.Minute, Settle: time.Second})
+	if len(*w) > 0 {
+		t.Errorf("install wrote %v before it found it could not finish (%v)", *w, err)
 	}
 }

@@ -111,7 +111,7 @@ func waitRollout(ctx context.Context, c kubernetes.Interface, ns, name string, w
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
 		d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, stopOn(err)
 		}
 		last = d
 		if t != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"net"
 	"strconv"
 	"strings"
@@ -53,7 +54,7 @@ func settle(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, settleTime+time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := templatePods(ctx, c, d, t)
 		if err != nil {
-			return false, nil
+			return false, stopOn(err)
 		}
 		pods = list
 		ready := 0
@@ -93,11 +94,20 @@ func settle(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t
 	return askPods(ctx, pods, t)
 }
 
+// stopOn is err where waiting longer cannot help (the run may not read
+// what it waits on), else nil: the poll tries again.
+func stopOn(err error) error {
+	if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+		return err
+	}
+	return nil
+}
+
 // restarted fails a rollout whose new pods' container has restarted.
 func restarted(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t *target) error {
 	pods, err := templatePods(ctx, c, d, t)
 	if err != nil {
-		return nil
+		return stopOn(err)
 	}
 	for _, p := range pods {
 		if n := restarts(&p, t); n > 0 {
