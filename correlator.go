@@ -142,6 +142,12 @@ func (c *correlator) observe(ln line) *entry {
 			e.hitters = &hitters{}
 		}
 		top = e.hitters.add(m, ln.at)
+		if key.shape == otherShapes && len(e.hitters.shapes) < maxCountedShapes {
+			if e.hitters.shapes == nil {
+				e.hitters.shapes = map[uint64]bool{}
+			}
+			e.hitters.shapes[shapeHash(strings.TrimPrefix(msg, ln.plugin))] = true
+		}
 	}
 	if c.quiet > 0 && (key.level == levelWarning || key.level == levelError) {
 		if e.flow == nil {

@@ -366,3 +366,30 @@ func TestPromotionThatTakesTheLastOfTheBudgetLeavesNoRoomForMore(t *testing.T) {
 		t.Errorf("%d events of one plugin and level within a minute, want at most %d", n, budget)
 	}
 }
+
+// TestClientNamesWithAPlusAreOneShape: a client's names with a '+'
+// (printed by CoreDNS as they are) are names to the shape, as escaped
+// ones are: eleven of them make no combined event each, so a genuine
+// error of a new shape of the same plugin, a refusal, still gets a
+// combined event of its own shape rather than joining the other shapes.
+func TestClientNamesWithAPlusAreOneShape(t *testing.T) {
+	h, _, clk := newTestHarness(t, testConfig(all, 100, 100, 1024))
+	for i := range ownEvents {
+		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
+	}
+	for i := range maxShapes + 1 {
+		h.observe(ln(levelError, "errors", "2 a+"+word(i)+".example. A: read udp 10.0.0.5:40000->10.0.0.2:53: i/o timeout", clk.Now()))
+	}
+	genuine := "2 db.corp.example. A: read udp 10.0.0.5:40001->10.0.0.2:53: read: connection refused"
+	h.observe(ln(levelError, "errors", genuine, clk.Now()))
+	drain(h)
+	if h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", shape: shapeHash(genuine)}) == nil {
+		var shapes []string
+		for _, e := range h.s.corr.cache.values() {
+			if e.key.combined() {
+				shapes = append(shapes, fmt.Sprintf("%d lines %s", e.seen, lineShape(strings.TrimPrefix(e.message, e.key.plugin))))
+			}
+		}
+		t.Errorf("the refusal joined the other shapes: eleven client names with a '+' took the %d combined shapes:\n%s", maxShapes, strings.Join(shapes, "\n"))
+	}
+}

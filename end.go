@@ -71,10 +71,10 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 // counting on the same object; the next end comes once they rose above the
 // threshold again.
 func endOf(e *entry, now time.Time) *entry {
-	about, top := e.message, ""
+	about, top, shapes := e.message, "", 0
 	if e.key.combined() { // its shape, not a line of one of its members
 		about = lineShape(strings.TrimPrefix(e.message, e.key.plugin))
-		top = e.hitters.names(true)
+		top, shapes = e.hitters.names(true), len(e.hitters.shapes)
 		e.hitters.newStorm()
 	}
 	from := e.first
@@ -83,7 +83,7 @@ func endOf(e *entry, now time.Time) *entry {
 		e.flow.rest, e.flow.armed, e.flow.from = true, false, time.Time{}
 	}
 	end := &entry{key: e.key, end: &endSpec{
-		message: endMessage(e.key.plugin, about, top, e.seen-e.storm, from, e.stamped),
+		message: endMessage(e.key.plugin, about, top, shapes, e.seen-e.storm, from, e.stamped),
 		at:      now,
 	}}
 	e.storm, e.stormWritten = e.seen, false

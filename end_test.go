@@ -855,3 +855,50 @@ func TestEndOfAStormThatCameBackNamesItsOwnMembers(t *testing.T) {
 		}
 	}
 }
+
+// TestEndDoesNotQuoteAClientsNameWithAPlus: CoreDNS prints a query name's
+// '+', '~', '!' or '/' as it is (only . ( ) ; space @ " \ and bytes
+// outside printable ASCII are escaped). A client's names such as
+// "please+delete+<word>.example." are names all the same: the end of the
+// storm they make names what it was about, never the latest line's name.
+func TestEndDoesNotQuoteAClientsNameWithAPlus(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))
+	last := ""
+	for i := range 60 {
+		last = "please+delete+" + word(i)
+		h.observe(ln(levelError, "errors", "2 "+last+".example. A: read udp 10.0.0.5:40000->10.0.0.2:53: i/o timeout", clk.Now()))
+	}
+	h.advance(2 * time.Minute)
+	ends := endsIn(api)
+	if len(ends) == 0 {
+		t.Fatal("no end said")
+	}
+	for _, end := range ends {
+		if strings.Contains(end.Message, last) {
+			t.Errorf("an end quotes the client's latest name %q:\n%s", last, end.Message)
+		}
+	}
+}
+
+// TestEndOfOtherShapesCountsItsShapes: the lines of other shapes have no
+// shape of their own to quote: their end says how many shapes they had,
+// and never quotes one of its lines.
+func TestEndOfOtherShapesCountsItsShapes(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))
+	for i := range ownEvents + maxShapes {
+		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
+	}
+	for i := range 30 {
+		h.observe(ln(levelError, "errors", "backend "+word(i%3)+" gone", clk.Now()))
+	}
+	h.advance(3 * time.Minute)
+	for _, end := range endsIn(api) {
+		if strings.Contains(end.Message, "other shapes") {
+			if !strings.Contains(end.Message, "30 lines of 3 other shapes from") || strings.Contains(end.Message, "gone") {
+				t.Errorf("the end of the other shapes says %q, want 30 lines of 3 other shapes and no line", end.Message)
+			}
+			return
+		}
+	}
+	t.Errorf("no end of the lines of other shapes among %d ends", len(endsIn(api)))
+}

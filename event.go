@@ -252,10 +252,12 @@ func endReason(l level) string { return l.reason() + "Ended" }
 //
 //	plugin/errors: 195 lines like "<n> <name>. A: ...: i/o timeout" (most: a.example.org ≥40) from 10:02:13 to 10:07:40, none since
 //
+// The end of the lines of other shapes (shapes > 0) says how many shapes
+// they had instead: "plugin/errors: 40 lines of 12 other shapes from ...".
 // prefix is the plugin's "plugin/NAME: "; about may start with it. The
 // quoted text is cut, with a visible marker, so that the whole fits
 // maxMessageBytes.
-func endMessage(prefix, about, top string, count int64, first, last time.Time) string {
+func endMessage(prefix, about, top string, shapes int, count int64, first, last time.Time) string {
 	first, last = first.UTC(), last.UTC()
 	layout := time.TimeOnly
 	if first.YearDay() != last.YearDay() || first.Year() != last.Year() {
@@ -270,6 +272,13 @@ func endMessage(prefix, about, top string, count int64, first, last time.Time) s
 	}
 	head := fmt.Sprintf("%s%d %s like \"", prefix, count, noun)
 	tail := fmt.Sprintf("\"%s from %s to %s, none since", top, first.Format(layout), last.Format(layout))
+	if shapes > 0 { // of the lines of other shapes: no line to quote
+		n := fmt.Sprint(shapes)
+		if shapes >= maxCountedShapes {
+			n = "≥" + n
+		}
+		head, tail, about = fmt.Sprintf("%s%d %s of %s other shapes", prefix, count, noun, n), tail[1:], ""
+	}
 	line := eventMessage(strings.TrimPrefix(about, prefix))
 	return head + cutMiddle(line, maxMessageBytes-len(head)-len(tail)) + tail
 }

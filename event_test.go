@@ -68,7 +68,7 @@ func TestEndMessage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := endMessage("plugin/errors: ", tt.latest, "", tt.count, tt.first, tt.last); got != tt.want {
+			if got := endMessage("plugin/errors: ", tt.latest, "", 0, tt.count, tt.first, tt.last); got != tt.want {
 				t.Errorf("got  %s\nwant %s", got, tt.want)
 			}
 		})
@@ -81,7 +81,7 @@ func TestEndMessage(t *testing.T) {
 func TestEndMessageLongLine(t *testing.T) {
 	at := time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)
 	latest := "plugin/errors: " + strings.Repeat("é", 2000) + ": i/o timeout"
-	got := endMessage("plugin/errors: ", latest, "", 500, at, at.Add(time.Minute))
+	got := endMessage("plugin/errors: ", latest, "", 0, 500, at, at.Add(time.Minute))
 	if len(got) > maxMessageBytes {
 		t.Errorf("%d bytes, want at most %d", len(got), maxMessageBytes)
 	}
@@ -95,7 +95,7 @@ func TestEndMessageLongLine(t *testing.T) {
 		t.Errorf("begins %q, want %q", got[:40], want)
 	}
 	// A line with a NUL and invalid UTF-8 is made fit like every message.
-	got = endMessage("plugin/errors: ", "plugin/errors: a\x00b\xffc", "", 10, at, at)
+	got = endMessage("plugin/errors: ", "plugin/errors: a\x00b\xffc", "", 0, 10, at, at)
 	if !utf8.ValidString(got) || strings.IndexByte(got, 0) >= 0 {
 		t.Errorf("not made fit: %q", got)
 	}

@@ -18,10 +18,11 @@ import (
 // a member of promoteAt lines becomes an event of its own, within the budget (correlator.go).
 
 const (
-	hitterSlots  = 32
-	promoteAt    = 10  // lines of one member that make it an event of its own
-	maxMemberLen = 64  // bytes of a member kept, so that a summary takes at most a few KiB
-	maxHitters   = 256 // bytes of a message that name hitters
+	hitterSlots      = 32
+	maxCountedShapes = 256 // of the lines of other shapes
+	promoteAt        = 10  // lines of one member that make it an event of its own
+	maxMemberLen     = 64  // bytes of a member kept, so that a summary takes at most a few KiB
+	maxHitters       = 256 // bytes of a message that name hitters
 )
 
 // sketchWidth is the counters of each of the two rows of a summary's
@@ -51,6 +52,7 @@ type hitters struct {
 	lines  int64
 	sketch [2][sketchWidth]uint8 // the lines of budgetWindow from since, at most 255
 	since  time.Time
+	shapes map[uint64]bool // of the lines of other shapes: those of the current storm, up to maxCountedShapes
 }
 
 // add counts a line of member at at and tells whether member is now among
@@ -96,6 +98,7 @@ func (h *hitters) isTop(s hitter, storm bool) bool {
 
 // newStorm starts the count of the current storm's lines afresh.
 func (h *hitters) newStorm() {
+	clear(h.shapes)
 	for i := range h.slots {
 		h.slots[i].from = h.slots[i].count
 	}

@@ -264,7 +264,7 @@ func shapeOf(w string, m charClass) string {
 		return shapeIP
 	case m.only(classDigit|classHexLetter|classX) && isHex(w):
 		return shapeHex
-	case m&classDot != 0 && (m&classBackslash != 0 || m.only(letters|classDigit|classDash|classUnderscore|classStar|classDot)) && isName(w):
+	case m&classDot != 0 && isName(w):
 		return shapeName
 	}
 	return w
@@ -429,10 +429,14 @@ func isHex(w string) bool {
 	return digit
 }
 
-// isName: two labels or more of letters, digits, '-', '_', a leading '*'
-// or CoreDNS's escapes of the other bytes (\DDD, \. and the like), with a
-// letter or an escape somewhere.
+// isName: two labels or more of the bytes CoreDNS prints unescaped in a
+// name (printable ASCII but . space ' @ ; ( ) " \, '*' as a whole label
+// only) or of its escapes of the others (\DDD, \. and the like), with a
+// letter or an escape somewhere; no URL.
 func isName(w string) bool {
+	if strings.Contains(w, "://") { // a URL
+		return false
+	}
 	letter, dot, labelLen := false, false, 0
 	for i := 0; i < len(w); i++ {
 		switch c := w[i]; {
@@ -451,9 +455,8 @@ func isName(w string) bool {
 			continue
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 			letter = true
-		case c >= '0' && c <= '9', c == '-', c == '_':
-		case c == '*' && labelLen == 0 && (i+1 == len(w) || w[i+1] == '.'):
-		default:
+		case c <= ' ' || c > '~' || strings.IndexByte(`'@;()"`, c) >= 0,
+			c == '*' && (labelLen > 0 || i+1 < len(w) && w[i+1] != '.'): // a Go type's *v1.Pod
 			return false
 		}
 		labelLen++
