@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -196,18 +197,18 @@ func RolledOut(d *appsv1.Deployment) bool {
 	return s.ObservedGeneration >= d.Generation && s.UpdatedReplicas == want && s.Replicas == want && s.AvailableReplicas == want
 }
 
-// putBack patches the Deployment's template back to before's, keeping
-// the strategy it has now, and waits for that rollout.
-func putBack(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, within time.Duration) error {
+// putBack patches back to before's what the run sets in the Deployment's
+// template (the image and variables of t's container, the config volume,
+// the record), keeping what others changed meanwhile and the strategy it
+// has now, and waits for that rollout.
+func putBack(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, t *target, within time.Duration) error {
 	ns, name := before.Namespace, before.Name
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		now, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		want := now.DeepCopy()
-		want.Spec.Template = *before.Spec.Template.DeepCopy()
-		p, err := deploymentPatch(now, want)
+		p, err := deploymentPatch(now, putBackTemplate(now, before, t))
 		if err != nil || p == nil {
 			return err
 		}
@@ -219,6 +220,37 @@ func putBack(ctx context.Context, c kubernetes.Interface, before *appsv1.Deploym
 	}
 	_, err = waitRollout(ctx, c, ns, name, within, nil)
 	return err
+}
+
+// putBackTemplate is now with what the run sets in the template (see
+// putBack) as before has it; without t, or where the container or the
+// volume is no longer found by name, before's whole template.
+func putBackTemplate(now, before *appsv1.Deployment, t *target) *appsv1.Deployment {
+	want := now.DeepCopy()
+	tmpl, was := &want.Spec.Template, &before.Spec.Template
+	if t == nil || t.container >= len(was.Spec.Containers) || t.volume >= len(was.Spec.Volumes) {
+		want.Spec.Template = *was.DeepCopy()
+		return want
+	}
+	old, vol := was.Spec.Containers[t.container], was.Spec.Volumes[t.volume]
+	ci := slices.IndexFunc(tmpl.Spec.Containers, func(c corev1.Container) bool { return c.Name == old.Name })
+	vi := slices.IndexFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == vol.Name })
+	if ci < 0 || vi < 0 {
+		want.Spec.Template = *was.DeepCopy()
+		return want
+	}
+	ctr := &tmpl.Spec.Containers[ci]
+	ctr.Image, ctr.Env = old.Image, slices.Clone(old.Env)
+	tmpl.Spec.Volumes[vi] = *vol.DeepCopy()
+	if a, ok := was.Annotations[Annotation]; ok {
+		if tmpl.Annotations == nil {
+			tmpl.Annotations = map[string]string{}
+		}
+		tmpl.Annotations[Annotation] = a
+	} else if delete(tmpl.Annotations, Annotation); len(tmpl.Annotations) == 0 {
+		tmpl.Annotations = nil
+	}
+	return want
 }
 
 // releaseFields drops the install's entries from the Deployment's
@@ -348,7 +380,7 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv
 		if err != nil {
 			bctx, cancel := after()
 			defer cancel()
-			return r.putBackFailed(bctx, c, before, tmp, err)
+			return r.putBackFailed(bctx, c, before, tmp, t, err)
 		}
 	}
 	bctx, cancel := after()
@@ -388,11 +420,11 @@ func (r *run) strategyBack(after func() (context.Context, context.CancelFunc), c
 // that failed with err, and says what is left to do as the cluster now
 // is: never kubectl rollout undo when the template is the operator's
 // already, as undo would roll to the failed revision.
-func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, err error) error {
+func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, t *target, err error) error {
 	o := r.o
 	ns, name := before.Namespace, before.Name
 	r.printf("%v\nputting back deployment %s/%s as it was\n", err, ns, name)
-	perr := putBack(ctx, c, before, min(o.Wait, 2*time.Minute))
+	perr := putBack(ctx, c, before, t, min(o.Wait, 2*time.Minute))
 	var serr error
 	if tmp != nil {
 		serr = setStrategy(ctx, c, before)
@@ -405,7 +437,7 @@ func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before 
 	now, gerr := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 	var todo []string
 	switch {
-	case gerr != nil || !equality.Semantic.DeepEqual(now.Spec.Template, before.Spec.Template):
+	case gerr != nil || !equality.Semantic.DeepEqual(now.Spec.Template, putBackTemplate(now, before, t).Spec.Template):
 		todo = append(todo, fmt.Sprintf("kubectl -n %s rollout undo deployment/%s", ns, name))
 	case perr != nil:
 		// The template is the operator's again; only its rollout has not

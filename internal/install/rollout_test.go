@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -252,5 +253,42 @@ func TestSafeRollout(t *testing.T) {
 		case tc.surge != 0 && (tmp == nil || tmp.RollingUpdate.MaxUnavailable.IntValue() != 0 || tmp.RollingUpdate.MaxSurge.IntValue() != tc.surge):
 			t.Errorf("%s: %+v, want maxUnavailable 0, maxSurge %d: %s", tc.name, tmp, tc.surge, why)
 		}
+	}
+}
+
+// While the install waits (minutes, by default up to 5), the operator
+// raises CoreDNS's memory limit (kubectl set resources: it was OOMing).
+// The rollout then fails and is put back; putBack (rollout.go) sets the
+// whole pod template to the one found before the install, so the
+// operator's new limit goes too, with no word of it. Promise: what the
+// tool touches keeps the operator's own settings; a put-back takes back
+// what the install set (image, variables, config volume, record), not
+// what others set meanwhile.
+func TestPutBackKeepsWhatTheOperatorChangedDuringTheWait(t *testing.T) {
+	ctx := context.Background()
+	d := chartDefaults()
+	c := newClient(d.DeepCopy(), configMap())
+	controller(c, func(now *appsv1.Deployment) {
+		ctr := &now.Spec.Template.Spec.Containers[0]
+		if ctr.Image == image && ctr.Resources.Limits.Memory().String() == "512Mi" {
+			ctr.Resources.Limits[corev1.ResourceMemory] = resource.MustParse("1Gi")
+		}
+	}, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
+		if now.Spec.Template.Spec.Containers[0].Image == image {
+			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
+		}
+		return rolled(1)
+	})
+	var out bytes.Buffer
+	err := Install(ctx, c, Options{Image: image, Wait: 2 * time.Second, Out: &out})
+	if err == nil || !strings.Contains(err.Error(), "is back as it was") {
+		t.Fatalf("install: %v\n%s", err, out.String())
+	}
+	got := get(t, c).Spec.Template.Spec.Containers[0]
+	if got.Image != d.Spec.Template.Spec.Containers[0].Image {
+		t.Fatalf("image %s: the install's image was not put back", got.Image)
+	}
+	if m := got.Resources.Limits.Memory().String(); m != "1Gi" {
+		t.Errorf("after the put-back the memory limit is %s: the operator's 1Gi, set during the wait, was reverted", m)
 	}
 }
