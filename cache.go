@@ -3,6 +3,8 @@ package k8s_event
 import (
 	"container/heap"
 	"container/list"
+	"maps"
+	"slices"
 )
 
 // The cache of entries, of at most CACHESIZE. When it is full, the entry that leaves is the one
@@ -164,10 +166,4 @@ func (c *cache) resize(size int) {
 }
 
 // values lists the cached entries, in no order.
-func (c *cache) values() []*entry {
-	out := make([]*entry, 0, len(c.entries))
-	for _, e := range c.entries {
-		out = append(out, e)
-	}
-	return out
-}
+func (c *cache) values() []*entry { return slices.Collect(maps.Values(c.entries)) }

@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"maps"
 	"strings"
 	"time"
 )
@@ -175,7 +176,7 @@ func (e *entry) note() string {
 	if e.hitters == nil {
 		return e.message
 	}
-	top := e.hitters.String()
+	top := e.hitters.names(false)
 	if top == "" {
 		return e.message
 	}
@@ -232,11 +233,7 @@ func (c *correlator) window(wk windowKey, at time.Time) *window {
 		return w
 	}
 	if len(c.windows) >= maxWindows {
-		for k, old := range c.windows {
-			if old.spent(at) == 0 {
-				delete(c.windows, k)
-			}
-		}
+		maps.DeleteFunc(c.windows, func(_ windowKey, old *window) bool { return old.spent(at) == 0 })
 		if len(c.windows) >= maxWindows {
 			clear(c.windows)
 		}

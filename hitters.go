@@ -23,13 +23,12 @@ const (
 	promoteAt        = 10  // lines of one member that make it an event of its own
 	maxMemberLen     = 64  // bytes of a member kept, so that a summary takes at most a few KiB
 	maxHitters       = 256 // bytes of a message that name hitters
+	// sketchWidth is the counters of each of the two rows of a count-min
+	// sketch (Cormode and Muthukrishnan): a member counts in one counter of
+	// each row, so the lesser is an upper bound on its lines that churn of
+	// other members barely moves, unlike a counter of the summary.
+	sketchWidth = 256
 )
-
-// sketchWidth is the counters of each of the two rows of a summary's
-// count-min sketch (Cormode and Muthukrishnan): each member counts in one
-// counter of each row, so the lesser is an upper bound on its lines that
-// churn of other members barely moves, unlike a counter of the summary.
-const sketchWidth = 256
 
 type hitter struct {
 	member     string
@@ -70,24 +69,22 @@ func (h *hitters) add(member string, at time.Time) bool {
 			h.sketch[r][i]++
 		}
 	}
-	least := -1
-	for i := range h.slots {
-		s := &h.slots[i]
-		if s.member == member {
-			s.count++
-			return h.isTop(*s, false)
+	i := slices.IndexFunc(h.slots, func(s hitter) bool { return s.member == member })
+	switch {
+	case i >= 0:
+		h.slots[i].count++
+	case len(h.slots) < hitterSlots:
+		i, h.slots = len(h.slots), append(h.slots, hitter{member: member, count: 1})
+	default:
+		i = 0
+		for j, s := range h.slots {
+			if s.count < h.slots[i].count {
+				i = j
+			}
 		}
-		if least < 0 || s.count < h.slots[least].count {
-			least = i
-		}
+		h.slots[i] = hitter{member: member, count: h.slots[i].count + 1, err: h.slots[i].count}
 	}
-	if len(h.slots) < hitterSlots {
-		h.slots = append(h.slots, hitter{member: member, count: 1})
-		return h.isTop(h.slots[len(h.slots)-1], false)
-	}
-	s := &h.slots[least]
-	*s = hitter{member: member, count: s.count + 1, err: s.count}
-	return h.isTop(*s, false)
+	return h.isTop(h.slots[i], false)
 }
 
 // isTop: more than lines/hitterSlots, and two lines or more (of the
@@ -130,8 +127,6 @@ func (h *hitters) top(storm bool) []hitter {
 	slices.SortFunc(out, func(a, b hitter) int { return int(b.count - a.count) })
 	return out
 }
-
-func (h *hitters) String() string { return h.names(false) }
 
 // names are the top members (of the current storm) with their lower bounds,
 // within maxHitters bytes: "most: a.example.org. ≥12, 10.0.0.1 ≥5"; empty

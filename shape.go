@@ -270,17 +270,7 @@ func shapeOf(w string, m charClass) string {
 	return w
 }
 
-func isDigits(w string) bool {
-	if w == "" {
-		return false
-	}
-	for i := 0; i < len(w); i++ {
-		if w[i] < '0' || w[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
+func isDigits(w string) bool { return w != "" && endOfDigits(w, 0) == len(w) }
 
 // isNumber: 12, -3, 4.5, 1.2.3 made of digits only is not one.
 func isNumber(w string) bool {
@@ -292,22 +282,12 @@ func isNumber(w string) bool {
 }
 
 func isUUID(w string) bool {
-	if len(w) != 36 {
-		return false
-	}
-	for i := 0; i < 36; i++ {
-		switch i {
-		case 8, 13, 18, 23:
-			if w[i] != '-' {
-				return false
-			}
-		default:
-			if !isHexDigit(w[i]) {
-				return false
-			}
+	for i := 0; i < len(w); i++ {
+		if dash := i == 8 || i == 13 || i == 18 || i == 23; dash != (w[i] == '-') || !dash && !isHexDigit(w[i]) {
+			return false
 		}
 	}
-	return true
+	return len(w) == 36
 }
 
 func isHexDigit(c byte) bool {
@@ -349,19 +329,11 @@ func isDuration(w string) bool {
 
 // isHostPort: an IPv4 or IPv6 address, or IPv4:port.
 func isHostPort(w string) bool {
-	host, port, ok := cutLast(w, ':')
-	if !ok {
+	i := strings.LastIndexByte(w, ':')
+	if i < 0 {
 		return isIPv4(w)
 	}
-	return isIPv4(host) && isDigits(port) || isIPv6(w)
-}
-
-func cutLast(w string, sep byte) (string, string, bool) {
-	i := strings.LastIndexByte(w, sep)
-	if i < 0 {
-		return w, "", false
-	}
-	return w[:i], w[i+1:], true
+	return isIPv4(w[:i]) && isDigits(w[i+1:]) || isIPv6(w)
 }
 
 func isIPv4(w string) bool {
@@ -407,19 +379,12 @@ func isIPv6(w string) bool {
 // isHex: 0x followed by hex digits, or 8 hex digits or more with a digit
 // among them (so that a word like "deadbeef" is one, "accepted" is not).
 func isHex(w string) bool {
-	if len(w) > 2 && w[0] == '0' && (w[1] == 'x' || w[1] == 'X') {
+	digit := len(w) > 2 && w[0] == '0' && (w[1] == 'x' || w[1] == 'X')
+	if digit {
 		w = w[2:]
-		for i := 0; i < len(w); i++ {
-			if !isHexDigit(w[i]) {
-				return false
-			}
-		}
-		return true
-	}
-	if len(w) < 8 {
+	} else if len(w) < 8 {
 		return false
 	}
-	digit := false
 	for i := 0; i < len(w); i++ {
 		if !isHexDigit(w[i]) {
 			return false
