@@ -1302,3 +1302,38 @@ func TestNewShapeOfABusyPluginIsServedBeforeMoreOfAnotherShape(t *testing.T) {
 	}
 	t.Errorf("the refusal logged at %v, the plugin's only line of its shape, is not written two refills later; the %d events written are all timeouts, of one shape", logged, len(api.list()))
 }
+
+// TestQuietPluginsLineIsNotHeldBySlowWritesOfALoudOne: with the API
+// answering, if slowly (9 s a write, within the 10 s time-out: an API
+// server whose etcd is slow), a line of a plugin with nothing pending
+// waits at most (1 + the other plugins waiting) refills plus its write's
+// own time, at most 10 s (README). Tokens are plenty (rate 100 100), yet
+// the loud plugin's 8 writes in flight fill the bucket's cap of requests
+// in flight, and the quiet plugin's create waits for one of them to end
+// before its own 9 s: 17 s.
+func TestQuietPluginsLineIsNotHeldBySlowWritesOfALoudOne(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 1024))
+	const slow = 9 * time.Second
+	h.hold = func(request) time.Duration { return slow }
+	for i := range 20 {
+		h.observe(ln(levelError, "errors", fmt.Sprintf("upstream kw%c unhealthy", 'a'+i), clk.Now()))
+	}
+	h.advance(time.Second)
+	logged := clk.Now()
+	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
+	key := eventKey{level: levelError, plugin: "plugin/reload: ", message: "plugin/reload: Corefile changed but reload failed"}
+	bound := 2*time.Second/100 + writeTimeout // (1 + 1) refills and the write's time
+	for clk.Since(logged) < bound {
+		h.advance(10 * time.Millisecond)
+		if e := h.entry(key); e != nil && e.carried > 0 {
+			return
+		}
+	}
+	sent := time.Duration(-1)
+	for _, r := range eventRequests(api) {
+		if r.verb == "create" && !r.at.Before(logged) && sent < 0 {
+			sent = r.at.Sub(logged)
+		}
+	}
+	t.Errorf("reload's line, its plugin with nothing pending, is not written %v after it was logged (bound %v), though every write answers in %v: its create was sent %v after the line", clk.Since(logged), bound, slow, sent)
+}
