@@ -103,11 +103,12 @@ type tokenQueue struct {
 	plugins   map[string]*turnQueue
 	turns     turns
 	turn      uint64
-	unwritten list.List // of the entries never written that wait, oldest first
+	unwritten list.List      // of the entries never written that wait, oldest first
+	flying    map[string]int // requests in flight, by plugin
 }
 
 func newTokenQueue() *tokenQueue {
-	return &tokenQueue{settling: entryHeap{less: byStamp}, plugins: map[string]*turnQueue{}}
+	return &tokenQueue{settling: entryHeap{less: byStamp}, plugins: map[string]*turnQueue{}, flying: map[string]int{}}
 }
 
 // head is the entry that takes the bucket's next token; nil when none waits.
@@ -191,4 +192,11 @@ func (q *tokenQueue) served(e *entry) {
 		heap.Fix(&q.turns, sh.plugin.index)
 	}
 	e.slot.recreate = false
+}
+
+// landed counts a request of plugin p that is back.
+func (q *tokenQueue) landed(p string) {
+	if q.flying[p]--; q.flying[p] <= 0 {
+		delete(q.flying, p)
+	}
 }

@@ -18,10 +18,12 @@ import (
 // nothing sent after the deadline, and what is left dropped at the end.
 
 const (
-	// maxInFlight bounds the requests out at once for one bucket: with
-	// numBuckets buckets, at most 48 requests, each in a goroutine of its
-	// own, for at most writeTimeout. Tokens bound the requests that reach
-	// the server; this bounds goroutines and memory whatever BURST is.
+	// maxInFlight bounds the requests out at once for one bucket, beyond
+	// which only a plugin with none out sends one: with numBuckets buckets,
+	// at most 48 requests and one a plugin in each, each in a goroutine of
+	// its own, for at most writeTimeout. Tokens bound the requests that
+	// reach the server; this bounds goroutines and memory whatever BURST is,
+	// and a slow write of a loud plugin does not hold back a quiet one's.
 	maxInFlight = 8
 	// flushPause spaces the tries of a failed write during the flush at
 	// shutdown.
@@ -218,10 +220,10 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 // serve hands the tokens of bucket b to the entries waiting, in turn.
 func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time.Time)) []request {
 	q, bk := s.queues[b], s.buckets[b]
-	for bk.inFlight() < maxInFlight { // else a result comes, and asks again
+	for {
 		e := q.head()
-		if e == nil {
-			break
+		if e == nil || bk.inFlight() >= maxInFlight && q.flying[e.key.plugin] > 0 {
+			break // else a result comes, and asks again
 		}
 		read := false // a create first waits for, or makes, the read of the pod
 		if e.end != nil || e.name == "" {
@@ -249,6 +251,7 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			continue
 		}
 		q.served(e)
+		q.flying[e.key.plugin]++
 		reqs = append(reqs, s.prepare(e, id, b, now))
 	}
 	return reqs
@@ -441,6 +444,9 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	delete(s.flights, res.id)
 	s.now = now
 	s.buckets[f.bucket].settle(res.id, res.reached, now)
+	if f.e != nil && !f.read {
+		s.queues[f.bucket].landed(f.e.key.plugin)
+	}
 	switch {
 	case f.read:
 		countAnswer(res, "")

@@ -876,18 +876,19 @@ func TestReloadsDuringWritesAndStopKeepLedger(t *testing.T) {
 }
 
 // TestRequestsInFlightAreCapped: however many tokens a bucket has, at most
-// maxInFlight of its requests are out at once, and an event has one at
-// most: lines that come while it is out wait for its answer.
+// maxInFlight of its requests are out at once while their plugins have
+// others out, and an event has one at most: lines that come while it is
+// out wait for its answer.
 func TestRequestsInFlightAreCapped(t *testing.T) {
 	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
 	h.lostAfter = writeTimeout
 	api.setFault(func(apiRequest) fault { return fault{lost: true, apply: true} })
 	for i := range 2 * maxInFlight {
-		h.observe(ln(levelError, fmt.Sprint("p", i), "upstream down", clk.Now()))
+		h.observe(ln(levelError, fmt.Sprint("p", i%2), fmt.Sprintf("upstream kw%c down", 'a'+i/2), clk.Now()))
 	}
 	h.observe(ln(levelWarning, "forward", "slow", clk.Now()))
 	drain(h)
-	h.observe(ln(levelError, "p0", "upstream down", clk.Now())) // its create is out
+	h.observe(ln(levelError, "p0", "upstream kwa down", clk.Now())) // its create is out
 	h.advance(writeTimeout / 2)
 	if n := len(reachedAt(api, "CoreDNSError")); n != maxInFlight {
 		t.Errorf("%d error requests out at once, want %d", n, maxInFlight)
@@ -903,7 +904,7 @@ func TestRequestsInFlightAreCapped(t *testing.T) {
 	h.advance(writeTimeout + 2*retryBase)
 	for _, ev := range events(t, api) {
 		want := int32(1)
-		if ev.Message == "plugin/p0: upstream down" {
+		if ev.Message == "plugin/p0: upstream kwa down" {
 			want = 2
 		}
 		if ev.Count != want {
