@@ -1230,7 +1230,7 @@ func TestPassThatReadsThePodIsLogarithmic(t *testing.T) {
 		return best
 	}
 	small, large := pass(4096), pass(65536)
-	if large > 4*small {
+	if large > 4*max(small, 100*time.Microsecond) { // below 100 µs, the CPU clock's grain decides
 		t.Errorf("a pass that hands out the pod's read costs %v at 65,536 pending and %v at 4096: %.1f times as much, want about the same", large, small, float64(large)/float64(small))
 	}
 }
