@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	rbacv1client "k8s.io/client-go/kubernetes/typed/rbac/v1"
+	"k8s.io/client-go/util/retry"
 )
 
 // ours reports whether an object carries the labels the install gives
@@ -138,23 +140,42 @@ func planRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, de
 			change: Change{Action: "keep", Kind: "role", Name: name, Detail: "not this tool's; it grants create, patch events: kept as it is"},
 			line:   "keep role " + name,
 		}}, nil, nil
-	case !equalJSON(have.Rules, role.Rules):
-		want := have.DeepCopy()
-		want.Rules = role.Rules
-		update := func(dry []string) func(context.Context) error {
-			return func(ctx context.Context) error {
-				_, err := roles.Update(ctx, want, metav1.UpdateOptions{FieldManager: FieldManager, DryRun: dry})
-				return err
-			}
-		}
-		n := needs("update role "+name, rbacRight("update", "roles", role.Name))
-		return []rbacStep{{
-			change: Change{Action: "update", Kind: "role", Name: name, Detail: "create, patch events"},
-			line:   "update role " + name,
-			do:     update(nil), dry: update(dryAll), needs: []need{n},
-		}}, nil, nil
+	case !grantsEvents(have.Rules):
+		return []rbacStep{updateRole(roles, have, role.Rules)}, nil, nil
 	}
 	return nil, nil, nil
+}
+
+// updateRole is the step that adds rules to the install's Role have,
+// keeping the rules others added to it, and whose undo gives it back
+// have's rules.
+func updateRole(roles rbacv1client.RoleInterface, have *rbacv1.Role, rules []rbacv1.PolicyRule) rbacStep {
+	name := have.Namespace + "/" + have.Name
+	want := have.DeepCopy()
+	want.Rules = append(want.Rules, rules...)
+	update := func(dry []string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := roles.Update(ctx, want, metav1.UpdateOptions{FieldManager: FieldManager, DryRun: dry})
+			return err
+		}
+	}
+	undo := func(ctx context.Context) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			now, err := roles.Get(ctx, have.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			now.Rules = have.Rules
+			_, err = roles.Update(ctx, now, metav1.UpdateOptions{FieldManager: FieldManager})
+			return err
+		})
+	}
+	n := needs("update role "+name, rbacRight("get", "roles", have.Name), rbacRight("update", "roles", have.Name))
+	return rbacStep{
+		change: Change{Action: "update", Kind: "role", Name: name, Detail: "create, patch events added to its rules"},
+		line:   "update role " + name,
+		do:     update(nil), dry: update(dryAll), needs: []need{n}, undo: undo,
+	}
 }
 
 // planBinding says what the RoleBinding needs. One of the install's that

@@ -5,6 +5,9 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -164,5 +167,92 @@ func TestInstallReplacesARoleBindingToAnotherRoleNewFirst(t *testing.T) {
 	}
 	if list, _ := c.RbacV1().RoleBindings("kube-system").List(ctx, metav1.ListOptions{}); len(list.Items) != 1 {
 		t.Errorf("%d rolebindings, want 1", len(list.Items))
+	}
+}
+
+// An install again over the tool's own Role, to which the operator added
+// a rule since (here get on pods, which k8s_event's pod read needs when
+// COREDNS_POD_UID is not set), updates the Role in place to the events
+// rule alone (planRole's update has no undo). When that install's
+// rollout fails and is put back, the run says the Deployment "is back as
+// it was" and takes back what it created, but the Role keeps the
+// install's rules: the operator's rule is gone, with no way back.
+func TestInstallPutBackGivesTheRoleItsRulesBack(t *testing.T) {
+	ctx := context.Background()
+	d := chartDefaults()
+	c := newClient(d.DeepCopy(), configMap())
+	const image2 = "registry.example/coredns-k8s-event:1.13.1-0.2.0-def"
+	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
+		if now.Spec.Template.Spec.Containers[0].Image == image2 {
+			// This build never gets Ready; the old pod stays.
+			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
+		}
+		return rolled(1)
+	})
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Settle: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	role, err := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role.Rules = append(role.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
+	if _, err := c.RbacV1().Roles("kube-system").Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := role.Rules
+	var out bytes.Buffer
+	err = Install(ctx, c, Options{Image: image2, Wait: 2 * time.Second, Settle: time.Second, Out: &out})
+	if err == nil || !strings.Contains(err.Error(), "is back as it was") {
+		t.Fatalf("install of the build that fails: %v\n%s", err, out.String())
+	}
+	got, err := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equalJSON(got.Rules, want) {
+		t.Errorf("after the failed install, put back, role rules are %+v, want the operator's %+v\n%s", got.Rules, want, out.String())
+	}
+}
+
+// The install's Role, whose events rule the operator replaced by another,
+// gets the events rule added beside theirs; when the rollout fails and is
+// put back, the Role has the operator's rules again.
+func TestInstallAddsTheEventsRuleToItsRoleAndTakesItBack(t *testing.T) {
+	ctx := context.Background()
+	d := chartDefaults()
+	c := newClient(d.DeepCopy(), configMap())
+	const image2 = "registry.example/coredns-k8s-event:1.13.1-0.2.0-def"
+	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
+		if now.Spec.Template.Spec.Containers[0].Image == image2 {
+			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
+		}
+		return rolled(1)
+	})
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Settle: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	role, err := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role.Rules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}}}
+	if _, err := c.RbacV1().Roles("kube-system").Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err = Install(ctx, c, Options{Image: image2, Wait: 2 * time.Second, Settle: time.Second, Out: &out})
+	if err == nil || !strings.Contains(err.Error(), "is back as it was") {
+		t.Fatalf("install of the build that fails: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "update role kube-system/coredns-k8s-event") {
+		t.Errorf("the install did not update the Role:\n%s", out.String())
+	}
+	got, err := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equalJSON(got.Rules, role.Rules) {
+		t.Errorf("after the failed install, put back, role rules are %+v, want the operator's %+v\n%s", got.Rules, role.Rules, out.String())
 	}
 }
