@@ -2,6 +2,7 @@ package k8s_event
 
 import (
 	"maps"
+	"slices"
 	"strings"
 	"time"
 )
@@ -144,10 +145,9 @@ func (c *correlator) observe(ln line) *entry {
 		}
 		top = e.hitters.add(m, ln.at)
 		if key.shape == otherShapes && len(e.hitters.shapes) < maxCountedShapes {
-			if e.hitters.shapes == nil {
-				e.hitters.shapes = map[uint64]bool{}
+			if x := shapeHash(strings.TrimPrefix(msg, ln.plugin)); !slices.Contains(e.hitters.shapes, x) {
+				e.hitters.shapes = append(e.hitters.shapes, x)
 			}
-			e.hitters.shapes[shapeHash(strings.TrimPrefix(msg, ln.plugin))] = true
 		}
 	}
 	if c.quiet > 0 && (key.level == levelWarning || key.level == levelError) {

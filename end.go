@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"slices"
 	"strings"
 	"time"
 )
@@ -175,12 +176,7 @@ func (q *ends) add(end *entry, limit int) {
 
 // remove forgets end: written, or given up.
 func (q *ends) remove(end *entry) {
-	for i, e := range q.list {
-		if e == end {
-			q.list = append(q.list[:i], q.list[i+1:]...)
-			return
-		}
-	}
+	q.list = slices.DeleteFunc(q.list, func(e *entry) bool { return e == end })
 }
 
 // trim keeps the oldest limit ends; one whose write is in flight is left to it.

@@ -51,7 +51,7 @@ type hitters struct {
 	lines  int64
 	sketch [2][sketchWidth]uint8 // the lines of budgetWindow from since, at most 255
 	since  time.Time
-	shapes map[uint64]bool // of the lines of other shapes: those of the current storm, up to maxCountedShapes
+	shapes []uint64 // of the lines of other shapes: those of the current storm, up to maxCountedShapes
 }
 
 // add counts a line of member at at and tells whether member is now among
@@ -95,7 +95,7 @@ func (h *hitters) isTop(s hitter, storm bool) bool {
 
 // newStorm starts the count of the current storm's lines afresh.
 func (h *hitters) newStorm() {
-	clear(h.shapes)
+	h.shapes = h.shapes[:0]
 	for i := range h.slots {
 		h.slots[i].from = h.slots[i].count
 	}
@@ -118,12 +118,7 @@ func (h *hitters) upperBound(member string) int64 {
 // top lists the members above lines/hitterSlots with two lines or more
 // (of the current storm), most first.
 func (h *hitters) top(storm bool) []hitter {
-	var out []hitter
-	for _, s := range h.slots {
-		if h.isTop(s, storm) {
-			out = append(out, s)
-		}
-	}
+	out := slices.DeleteFunc(slices.Clone(h.slots), func(s hitter) bool { return !h.isTop(s, storm) })
 	slices.SortFunc(out, func(a, b hitter) int { return int(b.count - a.count) })
 	return out
 }

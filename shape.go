@@ -57,7 +57,7 @@ func appendShape(b []byte, s string) []byte {
 		c := s[i]
 		if c == '\\' && i+1 < len(s) {
 			i++
-			m |= classBackslash | classes[s[i]]
+			m |= classes[s[i]]
 			continue
 		}
 		if c != ' ' && c != '\t' {
@@ -167,25 +167,18 @@ const (
 	classHexLetter           // a-f, A-F
 	classUnit                // the letters of a duration's units but a hex digit: h, m, n, s, u, and µ's bytes
 	classX                   // x, X: 0x...
-	classLetter              // the other letters
 	classDot
 	classColon
 	classDash
 	classPlus
-	classUnderscore
-	classStar
-	classPercent
 	classEq
 	classGt
-	classBackslash
-	classOther
+	classOther // the other letters, and every other byte
 
 	// shaped are the classes without which no placeholder can replace a
 	// word or a part of it: a name has a dot, a hex identifier a digit or
 	// 0x, an IPv6 address a colon.
 	shaped = classDigit | classDot | classColon | classEq | classGt
-	// letters are the classes of letters.
-	letters = classHexLetter | classUnit | classX | classLetter
 )
 
 var classes = func() (t [256]charClass) {
@@ -197,7 +190,6 @@ var classes = func() (t [256]charClass) {
 			t[chars[i]] = k
 		}
 	}
-	set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", classLetter)
 	set("abcdefABCDEF", classHexLetter)
 	set("hmnsu\xc2\xb5", classUnit)
 	set("xX", classX)
@@ -206,12 +198,8 @@ var classes = func() (t [256]charClass) {
 	set(":", classColon)
 	set("-", classDash)
 	set("+", classPlus)
-	set("_", classUnderscore)
-	set("*", classStar)
-	set("%", classPercent)
 	set("=", classEq)
 	set(">", classGt)
-	set("\\", classBackslash)
 	return t
 }()
 
