@@ -9,15 +9,15 @@ import (
 
 // The order in which a bucket's entries take its tokens, new information
 // first: entries settling (evicted, their latest write unanswered; in the
-// flush, events whose patch found them gone too); then
-// the plugins, least recently served first, so that each plugin waiting
-// puts at most one event before one served after it; within a plugin, its
-// shapes the same way, so that one shape of many events does not hold back
-// a new one; within a shape, new events (a re-create of one found gone
-// among them) and updates of written ones take turns, new first; each in
-// the order it began to wait. Entries waiting for a time (backoff,
-// Retry-After, quiet) are in the timers. Every choice is a heap operation.
-// Owned by the scheduler's goroutine.
+// flush, events whose patch found them gone too); then the plugins, least
+// recently served first, so that each plugin waiting puts at most one
+// event before one served after it; within a plugin, its shapes the same
+// way, so that one shape of many events does not hold back a new one;
+// within a shape, new events (a re-create among them) and updates of
+// written ones take turns, new first; each in the order it began to wait.
+// Entries waiting for a time (backoff, Retry-After, quiet) are in the
+// timers. Every choice is a heap operation. Owned by the scheduler's
+// goroutine.
 
 // slot is where an entry waits: one heap at a time, or none.
 type slot struct {
@@ -192,11 +192,4 @@ func (q *tokenQueue) served(e *entry) {
 		heap.Fix(&q.turns, sh.plugin.index)
 	}
 	e.slot.recreate = false
-}
-
-// landed counts a request of plugin p that is back.
-func (q *tokenQueue) landed(p string) {
-	if q.flying[p]--; q.flying[p] <= 0 {
-		delete(q.flying, p)
-	}
 }

@@ -444,8 +444,10 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	delete(s.flights, res.id)
 	s.now = now
 	s.buckets[f.bucket].settle(res.id, res.reached, now)
-	if f.e != nil && !f.read {
-		s.queues[f.bucket].landed(f.e.key.plugin)
+	if q := s.queues[f.bucket]; f.e != nil && !f.read { // its plugin has one fewer out
+		if q.flying[f.e.key.plugin]--; q.flying[f.e.key.plugin] <= 0 {
+			delete(q.flying, f.e.key.plugin)
+		}
 	}
 	switch {
 	case f.read:
