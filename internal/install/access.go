@@ -258,7 +258,7 @@ func (r *run) uninstallRights(ctx context.Context, c kubernetes.Interface, befor
 		needs(deploy+" (and put its strategy back after the rollout)", right{verb: "patch", group: "apps", resource: "deployments", name: name}),
 		watchRollout(name),
 		needs("deleting the Corefile ConfigMaps no revision reads", right{verb: "list", group: "apps", resource: "replicasets"}, right{verb: "list", resource: "configmaps"}, right{verb: "delete", resource: "configmaps"}),
-		needs("deleting the Role and RoleBinding the install made", rb("delete", "rolebindings"), rb("delete", "roles")),
+		needs("deleting the Role and RoleBinding the install made (or taking the ServiceAccount out of a RoleBinding others bound subjects with)", rb("delete", "rolebindings"), rb("update", "rolebindings"), rb("delete", "roles")),
 	}
 	writes := []dryWrite{{deploy, func(ctx context.Context) error {
 		_, err := c.AppsV1().Deployments(ns).Patch(ctx, name, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager, DryRun: dryAll})

@@ -3,8 +3,10 @@ package install
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -65,7 +67,7 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	} else if err := r.prune(ctx, c, d.Namespace, d.Name, ""); err != nil {
 		return err
 	}
-	return r.rbacRemoval(ctx, c, d.Namespace, d.Name, "")
+	return r.rbacRemoval(ctx, c, d, "")
 }
 
 // planUninstall works out the Deployment's patch that gives back what
@@ -109,17 +111,33 @@ func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*unins
 }
 
 // checkGiveBack refuses, unless forced, to point the pods at a ConfigMap
-// that is gone: new pods could not start.
+// that is gone, or that lacks a key the volume lists: new pods could not
+// start.
 func (r *run) checkGiveBack(ctx context.Context, c kubernetes.Interface, t *target) error {
 	vol := t.current().Volume
 	if vol.ConfigMap.Optional != nil && *vol.ConfigMap.Optional {
 		return nil
 	}
-	_, err := c.CoreV1().ConfigMaps(t.dep.Namespace).Get(ctx, vol.ConfigMap.Name, metav1.GetOptions{})
-	if !apierrors.IsNotFound(err) {
+	cm, err := c.CoreV1().ConfigMaps(t.dep.Namespace).Get(ctx, vol.ConfigMap.Name, metav1.GetOptions{})
+	var why string
+	switch {
+	case apierrors.IsNotFound(err):
+		why = fmt.Sprintf("configmap %s/%s, the Corefile install started from and uninstall would give back, is gone: the pods would not start", t.dep.Namespace, vol.ConfigMap.Name)
+	case err != nil:
 		return err
+	default:
+		var missing []string
+		for _, it := range vol.ConfigMap.Items {
+			_, inData := cm.Data[it.Key]
+			if _, inBinary := cm.BinaryData[it.Key]; !inData && !inBinary {
+				missing = append(missing, it.Key)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		why = fmt.Sprintf("configmap %s/%s, which uninstall would give back, has no key %s, which the volume %s mounts: the pods would not start", t.dep.Namespace, vol.ConfigMap.Name, strings.Join(missing, ", "), vol.Name)
 	}
-	why := fmt.Sprintf("configmap %s/%s, the Corefile install started from and uninstall would give back, is gone: the pods would not start", t.dep.Namespace, vol.ConfigMap.Name)
 	if r.o.Force {
 		r.warn("--force: " + why)
 		return nil
@@ -203,7 +221,7 @@ func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interfa
 	for _, cm := range unused {
 		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of deployment " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
 	}
-	return r.rbacRemoval(ctx, c, ns, name, when)
+	return r.rbacRemoval(ctx, c, d, when)
 }
 
 // uninstalled checks that the Deployment rolling out is the one uninstall
@@ -220,9 +238,13 @@ func uninstalled(t *target) func(*appsv1.Deployment) error {
 }
 
 // rbacRemoval deletes the Role and RoleBinding the install made; those of
-// the same names without its labels stay.
-func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, ns, deployment, when string) error {
+// the same names without its labels stay. A RoleBinding of the install's
+// that binds subjects others added loses only d's ServiceAccount, and the
+// Role it refers to stays.
+func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, when string) error {
+	ns, deployment := d.Namespace, d.Name
 	base := deployment + "-k8s-event"
+	keepRole := false
 	// base-next: a RoleBinding made anew by a run cut off part way.
 	for _, it := range []struct{ kind, name string }{{"rolebinding", base + "-next"}, {"rolebinding", base}, {"role", base}} {
 		kind, name := it.kind, it.name
@@ -237,6 +259,13 @@ func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, ns, deplo
 				return err
 			}
 			meta = b.ObjectMeta
+			if others := otherSubjects(b, d); len(others) > 0 && ours(meta, deployment) {
+				keepRole = keepRole || b.RoleRef.Name == base
+				if err := r.unbind(ctx, c, b, others, when); err != nil {
+					return err
+				}
+				continue
+			}
 			del = func() error {
 				return c.RbacV1().RoleBindings(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &b.UID}})
 			}
@@ -248,6 +277,10 @@ func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, ns, deplo
 				return err
 			}
 			meta = ro.ObjectMeta
+			if keepRole && ours(meta, deployment) {
+				r.change(Change{Action: "keep", Kind: kind, Name: ns + "/" + name, Detail: "rolebinding " + ns + "/" + base + " still binds it to subjects others added: kept"}, fmt.Sprintf("keep %s %s/%s: rolebinding %s still binds it to subjects others added", kind, ns, name, base))
+				continue
+			}
 			del = func() error {
 				return c.RbacV1().Roles(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ro.UID}})
 			}
@@ -268,4 +301,38 @@ func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, ns, deplo
 		}
 	}
 	return nil
+}
+
+// otherSubjects are the subjects of b other than d's ServiceAccount: those
+// others added to the install's RoleBinding.
+func otherSubjects(b *rbacv1.RoleBinding, d *appsv1.Deployment) []rbacv1.Subject {
+	sa := d.Spec.Template.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	var out []rbacv1.Subject
+	for _, s := range b.Subjects {
+		if s.Kind != "ServiceAccount" || s.Name != sa || (s.Namespace != d.Namespace && s.Namespace != "") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// unbind takes d's ServiceAccount out of the install's RoleBinding b,
+// keeping the subjects others added to it.
+func (r *run) unbind(ctx context.Context, c kubernetes.Interface, b *rbacv1.RoleBinding, others []rbacv1.Subject, when string) error {
+	name := b.Namespace + "/" + b.Name
+	line := fmt.Sprintf("update rolebinding %s: keep %s, bound by others", name, subjectsString(others))
+	if when != "" {
+		line = when + ", " + line
+	}
+	r.change(Change{Action: "update", Kind: "rolebinding", Name: name, When: when, Detail: "subjects others added kept: " + subjectsString(others)}, line)
+	if r.o.DryRun || len(others) == len(b.Subjects) {
+		return nil
+	}
+	want := b.DeepCopy()
+	want.Subjects = others
+	_, err := c.RbacV1().RoleBindings(b.Namespace).Update(ctx, want, metav1.UpdateOptions{FieldManager: FieldManager})
+	return err
 }
