@@ -86,18 +86,18 @@ type windowKey struct {
 }
 
 // window is the budget of one plugin and level: the times of its latest
-// new events, a ring of the budget's size. The times keep their monotonic
-// reading: a step of the wall clock is no time that passed.
+// new events, a ring of the budget's size. Times are the correlator's
+// elapsed: a step of the wall clock is no time that passed.
 type window struct {
-	made [budget]time.Time
+	made [budget]time.Duration
 	next int
 }
 
 // spent is the number of new events made within budgetWindow before at.
-func (w *window) spent(at time.Time) int {
+func (w *window) spent(at time.Duration) int {
 	n := 0
 	for _, t := range w.made {
-		if at.Sub(t) < budgetWindow {
+		if at-t < budgetWindow {
 			n++
 		}
 	}
@@ -105,7 +105,7 @@ func (w *window) spent(at time.Time) int {
 }
 
 // spend records a new event made at at.
-func (w *window) spend(at time.Time) {
+func (w *window) spend(at time.Duration) {
 	w.made[w.next] = at
 	w.next = (w.next + 1) % budget
 }
@@ -116,6 +116,7 @@ func (w *window) spend(at time.Time) {
 type correlator struct {
 	cache   *cache
 	windows map[windowKey]*window
+	origin  time.Time // a budgetWindow before the first line: no window's zero is within one
 	seq     uint64
 	quiet   time.Duration // the scheduler's: storms' paces count lines in slots of it
 }
@@ -190,10 +191,14 @@ const combinedPrefix = "(combined from similar events): "
 // its plugin and level, with the entry of that key if there is one, and the
 // line's member if it is combined.
 func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, string) {
-	w := c.window(windowKey{ln.level, ln.plugin}, ln.at)
-	spent := w.spent(ln.at)
+	if c.origin.IsZero() {
+		c.origin = ln.at.Add(-budgetWindow)
+	}
+	at := ln.at.Sub(c.origin) // on the monotonic clock
+	w := c.window(windowKey{ln.level, ln.plugin}, at)
+	spent := w.spent(at)
 	if spent < ownEvents {
-		w.spend(ln.at)
+		w.spend(at)
 		return key, nil, false, ""
 	}
 	aggregated[ln.level].Inc()
@@ -207,7 +212,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	}
 	m := member(rest)
 	if !ok { // beyond the budget only when the cache let the other shapes' event go
-		w.spend(ln.at)
+		w.spend(at)
 		return key, nil, false, m
 	}
 	if m == "" {
@@ -219,7 +224,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 		return own, o, true, m
 	}
 	if e.hitters != nil && e.hitters.upperBound(m)+1 >= promoteAt && spent < ownEvents+maxShapes {
-		w.spend(ln.at)
+		w.spend(at)
 		return own, nil, false, m
 	}
 	return key, e, true, m
@@ -227,7 +232,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 
 // window is the budget of wk. Beyond maxWindows, those unused for
 // budgetWindow go first.
-func (c *correlator) window(wk windowKey, at time.Time) *window {
+func (c *correlator) window(wk windowKey, at time.Duration) *window {
 	w, ok := c.windows[wk]
 	if ok {
 		return w
