@@ -173,3 +173,51 @@ func TestInstallWithNothingToPatchPrunesWhatItsDryRunSays(t *testing.T) {
 		t.Errorf("the dry run said\n%sbut the real run kept configmap %s:\n%s", dry.String(), stale.Name, out.String())
 	}
 }
+
+// After a rollout that fails and is put back, -o json's changes are the
+// writes that stayed and what undid the others: the Corefile ConfigMap,
+// Role and RoleBinding are listed as created and then deleted, so the
+// Deployment's patch must be followed by the put-back that undid it (the
+// template and the strategy are the operator's again). A script that
+// reads the changes otherwise takes the Deployment for patched.
+func TestInstallJSONListsThePutBackOfAFailedRollout(t *testing.T) {
+	ctx := context.Background()
+	d := chartDefaults()
+	c := newClient(d.DeepCopy(), configMap())
+	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
+		if now.Spec.Template.Spec.Containers[0].Image == image {
+			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
+		}
+		return rolled(1)
+	})
+	var out bytes.Buffer
+	err := Install(ctx, c, Options{Image: image, Wait: 2 * time.Second, JSON: true, Out: &out})
+	if err == nil || !strings.Contains(err.Error(), "is back as it was") {
+		t.Fatalf("install: %v\n%s", err, out.String())
+	}
+	got := get(t, c)
+	if !equalJSON(got.Spec.Template, d.Spec.Template) || !equalJSON(got.Spec.Strategy, d.Spec.Strategy) {
+		t.Fatalf("the Deployment is not put back; this test is about the report")
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	patched := false
+	var list []string
+	for _, ch := range res.Changes {
+		list = append(list, ch.Action+" "+ch.Kind+" "+ch.Name)
+		if ch.Kind != "deployment" {
+			continue
+		}
+		switch ch.Action {
+		case "patch":
+			patched = true
+		case "update", "delete":
+			patched = false // put back
+		}
+	}
+	if patched {
+		t.Errorf("-o json lists the Deployment's patch as a write that stayed, and nothing that put it back, though the template and strategy are the operator's again:\n  %s", strings.Join(list, "\n  "))
+	}
+}

@@ -413,7 +413,14 @@ func (r *run) strategyBack(after func() (context.Context, context.CancelFunc), c
 		r.res.Undo = strategyCommand(before)
 		return fmt.Errorf("%w; putting back the strategy failed (%v): run\n  %s", err, serr, r.res.Undo)
 	}
+	r.strategyChanged(before)
 	return err
+}
+
+// strategyChanged lists the patch that gave before's strategy back.
+func (r *run) strategyChanged(before *appsv1.Deployment) {
+	ns, name := before.Namespace, before.Name
+	r.change(Change{Action: "update", Kind: "deployment", Name: ns + "/" + name, Detail: "strategy put back as it was: " + strategyString(before.Spec.Strategy)}, fmt.Sprintf("put back deployment %s/%s", ns, name))
 }
 
 // putBackFailed puts back the template and the strategy after a rollout
@@ -425,9 +432,14 @@ func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before 
 	ns, name := before.Namespace, before.Name
 	r.printf("%v\nputting back deployment %s/%s as it was\n", err, ns, name)
 	perr := putBack(ctx, c, before, t, min(o.Wait, 2*time.Minute))
+	if perr == nil {
+		r.change(Change{Action: "update", Kind: "deployment", Name: ns + "/" + name, Detail: "template put back as it was: the rollout failed"}, "put back deployment "+ns+"/"+name)
+	}
 	var serr error
 	if tmp != nil {
-		serr = setStrategy(ctx, c, before)
+		if serr = setStrategy(ctx, c, before); serr == nil {
+			r.strategyChanged(before)
+		}
 	}
 	if perr == nil && serr == nil {
 		// What the run created for the pods that did not start goes too.
