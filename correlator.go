@@ -233,8 +233,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 // window is the budget of wk. Beyond maxWindows, those unused for
 // budgetWindow go first.
 func (c *correlator) window(wk windowKey, at time.Duration) *window {
-	w, ok := c.windows[wk]
-	if ok {
+	if w, ok := c.windows[wk]; ok {
 		return w
 	}
 	if len(c.windows) >= maxWindows {
@@ -243,7 +242,7 @@ func (c *correlator) window(wk windowKey, at time.Duration) *window {
 			clear(c.windows)
 		}
 	}
-	w = &window{}
+	w := &window{}
 	c.windows[wk] = w
 	return w
 }

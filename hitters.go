@@ -64,7 +64,8 @@ func (h *hitters) add(member string, at time.Time) bool {
 	if at.Sub(h.since) >= budgetWindow {
 		h.sketch, h.since = [2][sketchWidth]uint8{}, at
 	}
-	for r, i := range h.cells(member) {
+	x := maphash.String(shapeSeed, member) // its counters: a byte of it for each row
+	for r, i := range [2]uint8{uint8(x), uint8(x >> 8)} {
 		if h.sketch[r][i] < 255 { // far above promoteAt
 			h.sketch[r][i]++
 		}
@@ -101,18 +102,12 @@ func (h *hitters) newStorm() {
 	}
 }
 
-// cells are member's counters in the two rows of the sketch.
-func (h *hitters) cells(member string) [2]uint8 {
-	x := maphash.String(shapeSeed, member)
-	return [2]uint8{uint8(x), uint8(x >> 8)}
-}
-
 // upperBound is the most lines member may have had within budgetWindow:
 // never below its lines, so that no member of promoteAt lines is missed
 // however many others churn.
 func (h *hitters) upperBound(member string) int64 {
-	c := h.cells(member)
-	return int64(min(h.sketch[0][c[0]], h.sketch[1][c[1]]))
+	x := maphash.String(shapeSeed, member)
+	return int64(min(h.sketch[0][uint8(x)], h.sketch[1][uint8(x>>8)]))
 }
 
 // top lists the members above lines/hitterSlots with two lines or more

@@ -387,9 +387,6 @@ func isHex(w string) bool {
 // only) or of its escapes of the others (\DDD, \. and the like), with a
 // letter or an escape somewhere; no URL.
 func isName(w string) bool {
-	if strings.Contains(w, "://") { // a URL
-		return false
-	}
 	letter, dot, labelLen := false, false, 0
 	for i := 0; i < len(w); i++ {
 		switch c := w[i]; {
@@ -414,7 +411,7 @@ func isName(w string) bool {
 		}
 		labelLen++
 	}
-	return letter && dot && labelLen > 0
+	return letter && dot && labelLen > 0 && !strings.Contains(w, "://") // a URL
 }
 
 // escapeLen is the length of the escape w starts with: CoreDNS's \DDD and
