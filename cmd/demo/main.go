@@ -108,22 +108,8 @@ func run(ctx context.Context, corednsBin string) error {
 	}
 	dnsAddr := "127.0.0.1:" + strconv.Itoa(dnsPort)
 	loglineAddr := "127.0.0.1:" + strconv.Itoa(loglinePort)
-	corefile := fmt.Sprintf(`.:%d {
-    kubeapi {
-        kubeconfig %s
-    }
-    k8s_event {
-        level info warning error
-    }
-    reload
-    errors
-    log
-    logline %s
-    whoami
-}
-`, dnsPort, kube.KubeconfigPath, loglineAddr)
-	conf := filepath.Join(kube.Dir, "Corefile")
-	if err := os.WriteFile(conf, []byte(corefile), 0o644); err != nil {
+	corefile, conf, err := writeCorefile(kube, dnsPort, loglineAddr)
+	if err != nil {
 		return err
 	}
 
@@ -142,6 +128,54 @@ func run(ctx context.Context, corednsBin string) error {
 		return err
 	}
 
+	if err := showEvents(ctx, kube, pod, coredns, dnsAddr, loglineAddr); err != nil {
+		return err
+	}
+
+	kubectl := os.Getenv("KUBECTL")
+	fmt.Printf(`
+Point kubectl at this cluster:
+
+  export KUBECONFIG=%s
+  %s get events -n %s -w
+
+Make CoreDNS log more:
+
+  curl -X POST --data 'disk almost full' 'http://%s/log?level=warning&count=3'
+  bin/demo ask -server 127.0.0.1:%d x.fail.logline.
+
+CoreDNS log: %s
+`, kube.KubeconfigPath, kubectl, namespace, loglineAddr, dnsPort, coredns.LogPath)
+
+	return keepRunning(ctx, coredns.Done(), func() string { return "coredns exited:\n" + coredns.LogTail(20) })
+}
+
+// writeCorefile writes the demo's Corefile beside the cluster's files.
+func writeCorefile(kube *cluster.Cluster, dnsPort int, loglineAddr string) (corefile, conf string, err error) {
+	corefile = fmt.Sprintf(`.:%d {
+    kubeapi {
+        kubeconfig %s
+    }
+    k8s_event {
+        level info warning error
+    }
+    reload
+    errors
+    log
+    logline %s
+    whoami
+}
+`, dnsPort, kube.KubeconfigPath, loglineAddr)
+	conf = filepath.Join(kube.Dir, "Corefile")
+	if err := os.WriteFile(conf, []byte(corefile), 0o644); err != nil {
+		return "", "", err
+	}
+	return corefile, conf, nil
+}
+
+// showEvents makes CoreDNS log lines of three levels, waits for their
+// events and shows them as kubectl does.
+func showEvents(ctx context.Context, kube *cluster.Cluster, pod *corev1.Pod, coredns *cluster.Process, dnsAddr, loglineAddr string) error {
 	step("making CoreDNS log: queries (info), failing queries (error), a warning")
 	for _, name := range []string{"www.example.org.", "db.fail.logline.", "api.fail.logline."} {
 		m := new(dns.Msg)
@@ -177,22 +211,7 @@ func run(ctx context.Context, corednsBin string) error {
 	}
 	fmt.Print(out)
 
-	kubectl := os.Getenv("KUBECTL")
-	fmt.Printf(`
-Point kubectl at this cluster:
-
-  export KUBECONFIG=%s
-  %s get events -n %s -w
-
-Make CoreDNS log more:
-
-  curl -X POST --data 'disk almost full' 'http://%s/log?level=warning&count=3'
-  bin/demo ask -server 127.0.0.1:%d x.fail.logline.
-
-CoreDNS log: %s
-`, kube.KubeconfigPath, kubectl, namespace, loglineAddr, dnsPort, coredns.LogPath)
-
-	return keepRunning(ctx, coredns.Done(), func() string { return "coredns exited:\n" + coredns.LogTail(20) })
+	return nil
 }
 
 // keepRunning waits for Ctrl-C, unless DEMO_EXIT=1 or there is no

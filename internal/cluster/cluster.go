@@ -156,50 +156,10 @@ func (c *Cluster) start(ctx context.Context, opts Options, apiserverBin, etcdBin
 		return err
 	}
 
-	port, err := FreePort()
+	args, err := c.apiServerArgs(opts, dir, etcdURL, certs)
 	if err != nil {
 		return err
 	}
-	c.server = "https://127.0.0.1:" + strconv.Itoa(port)
-	args := []string{
-		"--etcd-servers=" + etcdURL,
-		"--secure-port=" + strconv.Itoa(port),
-		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
-		"--tls-cert-file=" + certs.servingCert,
-		"--tls-private-key-file=" + certs.servingKey,
-		"--client-ca-file=" + certs.caFile,
-		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file=" + certs.saPub,
-		"--service-account-signing-key-file=" + certs.saKey,
-		"--service-cluster-ip-range=" + ServiceCIDR, // kubeadm's: kube-dns is 10.96.0.10
-		"--authorization-mode=Node,RBAC",
-		"--profiling=false",
-		"--v=1",
-	}
-	args = append(args, apiServerAddressFlags(opts)...)
-	if opts.AdmissionConfig != "" {
-		path := filepath.Join(dir, "admission.yaml")
-		if err := os.WriteFile(path, []byte(opts.AdmissionConfig), 0o600); err != nil {
-			return err
-		}
-		args = append(args, "--admission-control-config-file="+path)
-	}
-	if opts.AuditPolicy != "" {
-		path := filepath.Join(dir, "audit-policy.yaml")
-		if err := os.WriteFile(path, []byte(opts.AuditPolicy), 0o600); err != nil {
-			return err
-		}
-		c.AuditLogPath = filepath.Join(dir, "audit.log")
-		args = append(args, "--audit-policy-file="+path, "--audit-log-path="+c.AuditLogPath)
-	}
-	if opts.Node != nil {
-		flags, err := nodeAPIServerFlags(certs)
-		if err != nil {
-			return err
-		}
-		args = append(args, flags...)
-	}
-	args = append(args, opts.APIServerFlags...)
 	c.apiserver, err = StartProcess("kube-apiserver", filepath.Join(dir, "kube-apiserver.log"), nil, apiserverBin, args...)
 	if err != nil {
 		return err
@@ -224,6 +184,56 @@ func (c *Cluster) start(ctx context.Context, opts Options, apiserverBin, etcdBin
 		return c.startNode(ctx, opts.Node, certs)
 	}
 	return nil
+}
+
+// apiServerArgs gives kube-apiserver's flags: its port (c.server), etcd,
+// the certificates, and what opts add (admission, audit, the node's flags).
+func (c *Cluster) apiServerArgs(opts Options, dir, etcdURL string, certs *pki) ([]string, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	c.server = "https://127.0.0.1:" + strconv.Itoa(port)
+	args := []string{
+		"--etcd-servers=" + etcdURL,
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
+		"--tls-cert-file=" + certs.servingCert,
+		"--tls-private-key-file=" + certs.servingKey,
+		"--client-ca-file=" + certs.caFile,
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file=" + certs.saPub,
+		"--service-account-signing-key-file=" + certs.saKey,
+		"--service-cluster-ip-range=" + ServiceCIDR, // kubeadm's: kube-dns is 10.96.0.10
+		"--authorization-mode=Node,RBAC",
+		"--profiling=false",
+		"--v=1",
+	}
+	args = append(args, apiServerAddressFlags(opts)...)
+	if opts.AdmissionConfig != "" {
+		path := filepath.Join(dir, "admission.yaml")
+		if err := os.WriteFile(path, []byte(opts.AdmissionConfig), 0o600); err != nil {
+			return nil, err
+		}
+		args = append(args, "--admission-control-config-file="+path)
+	}
+	if opts.AuditPolicy != "" {
+		path := filepath.Join(dir, "audit-policy.yaml")
+		if err := os.WriteFile(path, []byte(opts.AuditPolicy), 0o600); err != nil {
+			return nil, err
+		}
+		c.AuditLogPath = filepath.Join(dir, "audit.log")
+		args = append(args, "--audit-policy-file="+path, "--audit-log-path="+c.AuditLogPath)
+	}
+	if opts.Node != nil {
+		flags, err := nodeAPIServerFlags(certs)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, flags...)
+	}
+	args = append(args, opts.APIServerFlags...)
+	return args, nil
 }
 
 func (c *Cluster) startEtcd(ctx context.Context, bin string) (string, error) {

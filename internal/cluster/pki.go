@@ -39,10 +39,11 @@ type pki struct {
 // node's pods.
 var servingIPs = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.ParseIP(apiServiceIP), net.ParseIP(APIHostAddress)}
 
-func newPKI(dir string) (*pki, error) {
+// newCA makes the cluster's certificate authority, valid for a day.
+func newCA() (*x509.Certificate, []byte, crypto.Signer, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	now := time.Now()
 	caTmpl := &x509.Certificate{
@@ -56,13 +57,20 @@ func newPKI(dir string) (*pki, error) {
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	ca, err := x509.ParseCertificate(caDER)
 	if err != nil {
+		return nil, nil, nil, err
+	}
+	return ca, caDER, caKey, nil
+}
+
+func newPKI(dir string) (*pki, error) {
+	ca, caDER, caKey, err := newCA()
+	if err != nil {
 		return nil, err
 	}
-
 	servingCert, servingKey, err := issue(ca, caKey, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "kube-apiserver"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
