@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,9 +19,9 @@ import (
 	"github.com/dnsops/k8s_event/internal/cluster"
 )
 
-// clusterDNS is where the node's CoreDNS answers: its pods use the host's
-// network.
-const clusterDNS = "127.0.0.1:53"
+// clusterDNS is where the cluster's clients ask: the kube-dns Service's
+// ClusterIP, which kube-proxy's rules take to the CoreDNS pods.
+var clusterDNS = net.JoinHostPort(cluster.DNSServiceIP, "53")
 
 // failZone is a server block whose upstream refuses every query, so that
 // each query logs an error line.
@@ -34,34 +35,17 @@ fail.test:53 {
 // runNode is the demo on a real node: CoreDNS as the cluster's DNS, from
 // its image, installed through the overlay.
 func runNode(ctx context.Context, archive, ref, deploy string) error {
-	step("starting etcd, kube-apiserver, containerd, kubelet, controller manager and scheduler")
+	step("starting etcd, kube-apiserver, containerd, kubelet, kube-proxy, controller manager and scheduler")
 	start := time.Now()
-	kube, err := cluster.New(ctx, cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive}}})
+	kube, err := cluster.New(ctx, cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive}, PodNetwork: true}})
 	if err != nil {
 		return err
 	}
 	defer kube.Stop()
 	fmt.Printf("  node %s Ready in %v\n", kube.NodeName, time.Since(start).Round(100*time.Millisecond))
 
-	// The cluster's DNS as kubeadm installs it, then the overlay over it.
-	for _, base := range []string{"kubeadm", "k8s_event"} {
-		path := filepath.Join(deploy, base)
-		dir := filepath.Join(kube.Dir, base)
-		if err := kube.WriteNodeKustomization(dir, path, ref); err != nil {
-			return err
-		}
-		step("kubectl apply -k %s (plus what this machine needs: hostNetwork, the API on loopback, the imported image)", path)
-		out, _, err := kube.Kubectl(ctx, "apply", "-k", dir)
-		if err != nil {
-			return err
-		}
-		fmt.Print(out)
-		step("kubectl -n kube-system rollout status deployment/coredns")
-		out, _, err = kube.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=3m")
-		if err != nil {
-			return err
-		}
-		fmt.Print(out)
+	if err := applyDNS(ctx, kube, deploy, ref); err != nil {
+		return err
 	}
 
 	// The pods read the ConfigMap the overlay generated, named by its
@@ -86,8 +70,8 @@ func runNode(ctx context.Context, archive, ref, deploy string) error {
 		return err
 	}
 	start = time.Now()
-	// Both pods share port 53: ask until several in a row fail as they
-	// should, so that both have the new Corefile.
+	// The Service spreads the queries over both pods: ask until several
+	// in a row fail as they should, so that both have the new Corefile.
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
 		for range 8 {
 			rcode, err := query("probe.fail.test.", clusterDNS)
@@ -144,6 +128,41 @@ Logs: %s (kubelet.log, containerd.log, ...)
 	return keepRunning(ctx, nil, nil)
 }
 
+// applyDNS applies the cluster's DNS as kubeadm installs it, then the
+// overlay over it, and shows the pods' addresses behind the kube-dns
+// Service.
+func applyDNS(ctx context.Context, kube *cluster.Cluster, deploy, ref string) error {
+	// The cluster's DNS as kubeadm installs it, then the overlay over it.
+	for _, base := range []string{"kubeadm", "k8s_event"} {
+		path := filepath.Join(deploy, base)
+		dir := filepath.Join(kube.Dir, base)
+		if err := kube.WriteNodeKustomization(dir, path, ref); err != nil {
+			return err
+		}
+		step("kubectl apply -k %s (with the imported image)", path)
+		out, _, err := kube.Kubectl(ctx, "apply", "-k", dir)
+		if err != nil {
+			return err
+		}
+		fmt.Print(out)
+		step("kubectl -n kube-system rollout status deployment/coredns")
+		out, _, err = kube.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=3m")
+		if err != nil {
+			return err
+		}
+		fmt.Print(out)
+	}
+
+	step("kubectl -n kube-system get endpointslices -l kubernetes.io/service-name=kube-dns (the pods' own addresses)")
+	out, _, err := kube.Kubectl(ctx, "-n", "kube-system", "get", "endpointslices", "-l", "kubernetes.io/service-name=kube-dns")
+	if err != nil {
+		return err
+	}
+	fmt.Print(out)
+	fmt.Printf("  the demo asks the kube-dns Service at %s\n", clusterDNS)
+	return nil
+}
+
 // podWithEvents waits until a CoreDNS pod has an error event, and returns it.
 func podWithEvents(ctx context.Context, kube *cluster.Cluster) (*corev1.Pod, error) {
 	var pod *corev1.Pod
@@ -180,7 +199,7 @@ func ask(args []string) int {
 	server := fs.String("server", clusterDNS, "DNS server address")
 	_ = fs.Parse(args)
 	if fs.NArg() == 0 {
-		fmt.Fprintln(os.Stderr, "usage: demo ask [-server 127.0.0.1:53] NAME...")
+		fmt.Fprintln(os.Stderr, "usage: demo ask [-server "+clusterDNS+"] NAME...")
 		return 2
 	}
 	status := 0

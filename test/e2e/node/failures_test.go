@@ -71,7 +71,11 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 	if s := lc.stockDep.Spec.Strategy.RollingUpdate; *lc.stockDep.Spec.Replicas != 1 || s == nil || s.MaxUnavailable.IntValue() != 1 {
 		t.Fatalf("not the chart's rollout defaults: %d replicas, %+v", *lc.stockDep.Spec.Replicas, s)
 	}
-	lc.probe = startStepProber(fmt.Sprintf("127.0.0.1:%d", l.port), "kubernetes.default.svc.cluster.test.")
+	// The chart's defaults (1 replica, maxUnavailable 1) rolled the pod
+	// with no other to answer: wait until the new one is behind the
+	// Service.
+	lc.waitService("kubernetes.default.svc.cluster.test.")
+	lc.probe = startStepProber(lc.dnsAddr(), "kubernetes.default.svc.cluster.test.")
 	defer lc.probe.finish()
 	lc.expectA("www.example.test.", "10.0.0.80")
 	lc.expectA("node-a.nodes.test.", "10.0.0.11")

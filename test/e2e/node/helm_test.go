@@ -16,19 +16,9 @@ import (
 	"github.com/dnsops/k8s_event/internal/image"
 )
 
-// helmPatches are what the chart's pods need on this package's node, and
-// only here: the host's network with the API server's loopback address,
-// no host ports, and, as docs/helm.md advises, two replicas of which none
-// is unavailable during a rollout; readiness checked at once. %[1]d is
-// the API port.
+// helmPatches are, as docs/helm.md advises, two replicas of which none is
+// unavailable during a rollout; readiness checked at once.
 const helmPatches = `
-- target: {kind: Deployment, name: coredns}
-  patch: |-
-    - op: add
-      path: /spec/template/spec/hostNetwork
-      value: true
-    - op: remove
-      path: /spec/template/spec/containers/0/ports
 - target: {kind: Deployment, name: coredns}
   patch: |-
     apiVersion: apps/v1
@@ -46,12 +36,9 @@ const helmPatches = `
           - name: coredns
             readinessProbe:
               initialDelaySeconds: 0
-              periodSeconds: 2
-            env:
-            - name: KUBERNETES_SERVICE_HOST
-              value: "127.0.0.1"
-            - name: KUBERNETES_SERVICE_PORT
-              value: "%[1]d"
+              periodSeconds: 1
+              timeoutSeconds: 3
+              failureThreshold: 2
 `
 
 // TestHelmValues installs k8s_event through the official chart's values
@@ -71,7 +58,7 @@ func TestHelmValues(t *testing.T) {
 	tmp := t.TempDir()
 	stock := stockArchive(t, tmp)
 	start := time.Now()
-	kube, err := cluster.New(t.Context(), cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive, stock}}})
+	kube, err := cluster.New(t.Context(), cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive, stock}, PodNetwork: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +87,7 @@ func TestHelmValues(t *testing.T) {
 			fmt.Fprintf(&k, "- %s\n", filepath.Base(r))
 		}
 		k.WriteString(images)
-		fmt.Fprintf(&k, "patches:%s", fmt.Sprintf(helmPatches, kube.Port()))
+		k.WriteString("patches:" + helmPatches)
 		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -121,12 +108,13 @@ func TestHelmValues(t *testing.T) {
 	}
 
 	lc := &lifecycle{t: t, kube: kube, ref: archiveRef(t, archive), dir: tmp, l: layout{
-		name: "helm -f", ns: "kube-system", deployment: "coredns", config: "coredns",
+		name: "helm -f", ns: "kube-system", deployment: "coredns", config: "coredns", service: "coredns",
 		selector: "app.kubernetes.io/name=coredns", port: 53,
 	}}
 	lc.kubectl("apply", "-k", stockDir)
 	lc.noEvents(lc.waitPods(stockImage))
-	lc.probe = startStepProber("127.0.0.1:53", "kubernetes.default.svc.cluster.local.")
+	lc.waitService("kubernetes.default.svc.cluster.local.")
+	lc.probe = startStepProber(lc.dnsAddr(), "kubernetes.default.svc.cluster.local.")
 	defer lc.probe.finish()
 
 	lc.do("helm upgrade -f values.yaml", func() {

@@ -7,10 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,27 +77,11 @@ corp.example:%[1]d {
 `
 
 // operatorPatches are an operator's changes to the stock Deployment: three
-// replicas, a raised memory limit, one more toleration; and what the
-// pods need on this package's node (hostNetwork, the API server's loopback
-// address, no host ports, probes by port number, and one user for all:
-// pods of the host's network share ports through SO_REUSEPORT, which the
-// kernel allows only to sockets of one uid, and the stock image runs as
-// root), which stands for the operator's networking. %[1]s is the Deployment, %[2]d the API port, %[3]s
-// the tolerations the stock layout has.
+// replicas, a raised memory limit, one more toleration. The node runs the
+// rest as it is: pods on the pod network, asked through the layout's
+// Service. %[1]s is the Deployment, %[2]s the tolerations the stock layout
+// has.
 const operatorPatches = `
-- target: {kind: Deployment, name: %[1]s}
-  patch: |-
-    - op: add
-      path: /spec/template/spec/hostNetwork
-      value: true
-    - op: remove
-      path: /spec/template/spec/containers/0/ports
-    - op: replace
-      path: /spec/template/spec/containers/0/livenessProbe/httpGet/port
-      value: 8080
-    - op: replace
-      path: /spec/template/spec/containers/0/readinessProbe/httpGet/port
-      value: 8181
 - target: {kind: Deployment, name: %[1]s}
   patch: |-
     apiVersion: apps/v1
@@ -105,23 +92,20 @@ const operatorPatches = `
       replicas: 3
       template:
         spec:
-          tolerations:%[3]s
+          tolerations:%[2]s
           - key: dedicated
             operator: Equal
             value: dns
             effect: NoSchedule
           containers:
           - name: coredns
-            securityContext:
-              runAsUser: 0
+            readinessProbe:
+              periodSeconds: 1
+              timeoutSeconds: 3
+              failureThreshold: 2
             resources:
               limits:
                 memory: 300Mi
-            env:
-            - name: KUBERNETES_SERVICE_HOST
-              value: "127.0.0.1"
-            - name: KUBERNETES_SERVICE_PORT
-              value: "%[2]d"
 `
 
 const kubeadmTolerations = `
@@ -134,6 +118,7 @@ const kubeadmTolerations = `
 type layout struct {
 	name                   string
 	ns, deployment, config string
+	service                string // the Service the cluster's clients ask
 	selector               string
 	port                   int
 	stock                  func(t *testing.T, dir string) string // writes the stock kustomization, returns its directory
@@ -176,7 +161,7 @@ func TestLifecycle(t *testing.T) {
 	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 
 	start := time.Now()
-	kube, err := cluster.New(t.Context(), cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive, stock}}})
+	kube, err := cluster.New(t.Context(), cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive, stock}, PodNetwork: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,10 +171,10 @@ func TestLifecycle(t *testing.T) {
 
 	layouts := []layout{
 		{
-			name: "kubeadm", ns: "kube-system", deployment: "coredns", config: "coredns", selector: "k8s-app=kube-dns", port: 53,
+			name: "kubeadm", ns: "kube-system", deployment: "coredns", config: "coredns", service: "kube-dns", selector: "k8s-app=kube-dns", port: 53,
 			stock: func(t *testing.T, dir string) string {
 				rel, _ := filepath.Rel(dir, filepath.Join(repoRoot, "deploy/kubeadm"))
-				return writeKustomization(t, dir, []string{rel}, "coredns", "coredns", kube.Port(), kubeadmTolerations, 53)
+				return writeKustomization(t, dir, []string{rel}, "coredns", "coredns", kubeadmTolerations, 53)
 			},
 		},
 		helmLayout(kube),
@@ -221,7 +206,7 @@ func TestLifecycle(t *testing.T) {
 // helmLayout is CoreDNS as the helm chart lays it out, in namespace dns.
 func helmLayout(kube *cluster.Cluster) layout {
 	return layout{
-		name: "helm", ns: "dns", deployment: "dns-coredns", config: "dns-coredns", selector: "app.kubernetes.io/name=coredns", port: 1053,
+		name: "helm", ns: "dns", deployment: "dns-coredns", config: "dns-coredns", service: "dns-coredns", selector: "app.kubernetes.io/name=coredns", port: 53,
 		stock: func(t *testing.T, dir string) string {
 			data, err := os.ReadFile(filepath.Join(repoRoot, "test/e2e/node/testdata/helm-coredns.yaml"))
 			if err != nil {
@@ -233,13 +218,13 @@ func helmLayout(kube *cluster.Cluster) layout {
 			if err := os.WriteFile(filepath.Join(dir, "chart.yaml"), data, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			return writeKustomization(t, dir, []string{"chart.yaml"}, "dns-coredns", "dns-coredns", kube.Port(), "", 1053)
+			return writeKustomization(t, dir, []string{"chart.yaml"}, "dns-coredns", "dns-coredns", "", 53)
 		},
 	}
 }
 
 // writeKustomization writes the stock objects with the operator's changes.
-func writeKustomization(t *testing.T, dir string, resources []string, deployment, configMap string, apiPort int, tolerations string, dnsPort int) string {
+func writeKustomization(t *testing.T, dir string, resources []string, deployment, configMap, tolerations string, dnsPort int) string {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -253,7 +238,7 @@ func writeKustomization(t *testing.T, dir string, resources []string, deployment
 	for _, r := range resources {
 		fmt.Fprintf(&k, "- %s\n", r)
 	}
-	fmt.Fprintf(&k, "patches:%s", fmt.Sprintf(operatorPatches, deployment, apiPort, tolerations))
+	fmt.Fprintf(&k, "patches:%s", fmt.Sprintf(operatorPatches, deployment, tolerations))
 	ind := "        " + strings.ReplaceAll(strings.TrimSuffix(corefile, "\n"), "\n", "\n        ")
 	fmt.Fprintf(&k, "- target: {kind: ConfigMap, name: %s}\n  patch: |-\n    - op: replace\n      path: /data/Corefile\n      value: |\n%s\n", configMap, ind)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k.String()), 0o644); err != nil {
@@ -273,62 +258,106 @@ func build(t *testing.T, out, pkg string, env ...string) {
 }
 
 // stepProber asks the cluster DNS for the kubernetes Service every 20 ms
-// (1 s for an answer, then once more, as a resolver does), and counts
-// the queries and failures of each step.
+// (1 s for an answer, then once more, as a resolver does), two ways at
+// once: from a fresh socket for each query, as a pod's resolver asks, and
+// from one long-lived UDP socket on a fixed source port, as CoreDNS's
+// forward and node-local-dns ask; only the second is one conntrack flow,
+// which can go on to a pod that is gone. It counts the queries and
+// failures of each step, by way.
 type stepProber struct {
-	asked, failed atomic.Int64
-	stop          chan struct{}
-	done          sync.WaitGroup
-	lastAsked     int64
-	lastFailed    int64
-	once          sync.Once
-	mu            sync.Mutex
-	failures      []string
+	ways [2]*probeWay
+	stop chan struct{}
+	done sync.WaitGroup
+	once sync.Once
+}
+
+// probeWay is one way of asking, and its counts.
+type probeWay struct {
+	name                  string
+	asked, failed         atomic.Int64
+	lastAsked, lastFailed int64
+	mu                    sync.Mutex
+	failures              []string
 }
 
 func startStepProber(addr, name string) *stepProber {
-	p := &stepProber{stop: make(chan struct{})}
-	p.done.Add(1)
-	go func() {
-		defer p.done.Done()
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			p.asked.Add(1)
-			var err error
-			for range 2 {
-				m := new(dns.Msg)
-				m.SetQuestion(name, dns.TypeA)
-				var r *dns.Msg
-				r, _, err = (&dns.Client{Timeout: time.Second}).Exchange(m, addr)
-				if err == nil && r.Rcode != dns.RcodeSuccess {
-					err = fmt.Errorf("rcode %s", dns.RcodeToString[r.Rcode])
-				}
-				if err == nil {
-					break
-				}
-			}
-			if err != nil {
-				p.failed.Add(1)
-				p.mu.Lock()
-				if len(p.failures) < 10 {
-					p.failures = append(p.failures, time.Now().Format("15:04:05.000")+" "+err.Error())
-				}
-				p.mu.Unlock()
-			}
-		}
-	}()
+	p := &stepProber{stop: make(chan struct{}), ways: [2]*probeWay{{name: "fresh socket"}, {name: "fixed port"}}}
+	fixed, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+	if err != nil {
+		panic(err) // an address of the tests' own making
+	}
+	fresh := func() error {
+		m := new(dns.Msg)
+		m.SetQuestion(name, dns.TypeA)
+		r, _, err := (&dns.Client{Timeout: time.Second}).Exchange(m, addr)
+		return rcodeErr(r, err)
+	}
+	conn := &dns.Conn{Conn: fixed}
+	longLived := func() error { return rcodeErr(askOn(conn, name)) }
+	for i, ask := range []func() error{fresh, longLived} {
+		p.done.Add(1)
+		go p.ways[i].run(p.stop, &p.done, ask)
+	}
+	go func() { p.done.Wait(); fixed.Close() }()
 	return p
 }
 
-// step returns the queries and failures since the last call.
-func (p *stepProber) step() (asked, failed int64) {
-	a, f := p.asked.Load(), p.failed.Load()
-	asked, failed = a-p.lastAsked, f-p.lastFailed
-	p.lastAsked, p.lastFailed = a, f
+// askOn asks on conn, skipping late answers to earlier queries.
+func askOn(conn *dns.Conn, name string) (*dns.Msg, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(name, dns.TypeA)
+	if err := conn.WriteMsg(m); err != nil {
+		return nil, err
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(time.Second)); err != nil {
+		return nil, err
+	}
+	for {
+		r, err := conn.ReadMsg()
+		if err != nil || r.Id == m.Id {
+			return r, err
+		}
+	}
+}
+
+func rcodeErr(r *dns.Msg, err error) error {
+	if err == nil && r.Rcode != dns.RcodeSuccess {
+		err = fmt.Errorf("rcode %s", dns.RcodeToString[r.Rcode])
+	}
+	return err
+}
+
+func (w *probeWay) run(stop chan struct{}, done *sync.WaitGroup, ask func() error) {
+	defer done.Done()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		w.asked.Add(1)
+		var err error
+		for range 2 {
+			if err = ask(); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			w.failed.Add(1)
+			w.mu.Lock()
+			if len(w.failures) < 10 {
+				w.failures = append(w.failures, time.Now().Format("15:04:05.000")+" "+err.Error())
+			}
+			w.mu.Unlock()
+		}
+	}
+}
+
+// step returns the queries and failures of the way since the last call.
+func (w *probeWay) step() (asked, failed int64) {
+	a, f := w.asked.Load(), w.failed.Load()
+	asked, failed = a-w.lastAsked, f-w.lastFailed
+	w.lastAsked, w.lastFailed = a, f
 	return asked, failed
 }
 
@@ -574,25 +603,30 @@ func (lc *lifecycle) check(installed bool) {
 
 func lineDiff(a, b string) string { return install.Diff(a, b) }
 
-// do runs one step and records the queries it saw fail and its time.
+// do runs one step and records, for each way of asking, the queries it
+// saw fail, and its time.
 func (lc *lifecycle) do(name string, f func()) {
 	t := lc.t
 	t.Helper()
-	lc.probe.step()
+	for _, w := range lc.probe.ways {
+		w.step()
+	}
 	start := time.Now()
 	f()
-	asked, failed := lc.probe.step()
 	took := time.Since(start)
-	line := fmt.Sprintf("%-8s %-34s %3d failed of %5d queries (%.1f/s), %v", lc.l.name, name, failed, asked, float64(asked)/took.Seconds(), took.Round(100*time.Millisecond))
-	lc.report = append(lc.report, line)
-	t.Log(line)
-	if failed > 0 {
-		lc.probe.mu.Lock()
-		t.Errorf("%s: %d queries failed: %v", name, failed, lc.probe.failures)
-		lc.probe.mu.Unlock()
-	}
-	if float64(asked)/took.Seconds() < 5 {
-		t.Errorf("%s: the probe asked only %d times in %v", name, asked, took)
+	for _, w := range lc.probe.ways {
+		asked, failed := w.step()
+		line := fmt.Sprintf("%-8s %-34s %-12s %3d failed of %5d queries (%.1f/s), %v", lc.l.name, name, w.name, failed, asked, float64(asked)/took.Seconds(), took.Round(100*time.Millisecond))
+		lc.report = append(lc.report, line)
+		t.Log(line)
+		if failed > 0 {
+			w.mu.Lock()
+			t.Errorf("%s: %d queries failed (%s): %v\n%s", name, failed, w.name, w.failures, lc.probeEvents())
+			w.mu.Unlock()
+		}
+		if float64(asked)/took.Seconds() < 5 {
+			t.Errorf("%s: the probe asked only %d times in %v (%s)", name, asked, took, w.name)
+		}
 	}
 }
 
@@ -604,7 +638,8 @@ func (lc *lifecycle) run(t *testing.T) {
 	pods := lc.waitPods(stockImage)
 	lc.stockDep, lc.stockCM = lc.deploymentObj(), lc.configMap(l.config)
 	name := "kubernetes.default.svc.cluster.test."
-	lc.probe = startStepProber(fmt.Sprintf("127.0.0.1:%d", l.port), name)
+	lc.waitService(name)
+	lc.probe = startStepProber(lc.dnsAddr(), name)
 	defer lc.probe.finish()
 	lc.noEvents(pods)
 
@@ -700,8 +735,7 @@ func (lc *lifecycle) run(t *testing.T) {
 	}
 	lc.probe.finish()
 	lc.kubectl("delete", "-k", dir, "--wait=true")
-	// The next layout's pods share the host's ports: wait until these
-	// pods are gone.
+	// The next layout starts on a node without these pods.
 	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := lc.kube.Clientset.CoreV1().Pods(l.ns).List(ctx, metav1.ListOptions{LabelSelector: l.selector})
 		return err == nil && len(list.Items) == 0, nil
@@ -711,11 +745,48 @@ func (lc *lifecycle) run(t *testing.T) {
 	}
 }
 
+// waitService waits until the layout's Service answers name: the pods
+// are Ready, and kube-proxy has their endpoints.
+func (lc *lifecycle) waitService(name string) {
+	t := lc.t
+	t.Helper()
+	addr := lc.dnsAddr()
+	var last error
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		m := new(dns.Msg)
+		m.SetQuestion(name, dns.TypeA)
+		r, _, err := (&dns.Client{Timeout: time.Second}).Exchange(m, addr)
+		last = rcodeErr(r, err)
+		return last == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the Service %s does not answer %s: %v (last: %v)", addr, name, err, last)
+	}
+}
+
+// probeEvents lists the layout's warning events (failed probes, kills)
+// for a step that lost queries.
+func (lc *lifecycle) probeEvents() string {
+	out, _, _ := lc.kube.Kubectl(lc.t.Context(), "-n", lc.l.ns, "get", "events", "--field-selector=type=Warning", "--sort-by=.lastTimestamp")
+	return out
+}
+
+// dnsAddr is the ClusterIP and port of the layout's Service, which the
+// host reaches through kube-proxy's rules as the cluster's pods do.
+func (lc *lifecycle) dnsAddr() string {
+	lc.t.Helper()
+	svc, err := lc.kube.Clientset.CoreV1().Services(lc.l.ns).Get(lc.t.Context(), lc.l.service, metav1.GetOptions{})
+	if err != nil {
+		lc.t.Fatal(err)
+	}
+	return net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(lc.l.port))
+}
+
 func (lc *lifecycle) expectA(name, ip string) {
 	lc.t.Helper()
 	m := new(dns.Msg)
 	m.SetQuestion(name, dns.TypeA)
-	r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, fmt.Sprintf("127.0.0.1:%d", lc.l.port))
+	r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, lc.dnsAddr())
 	if err != nil || len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != ip {
 		lc.t.Errorf("%s: %v %v, want %s", name, r, err, ip)
 	}
@@ -736,17 +807,8 @@ func (lc *lifecycle) kubeadm(installArgs []string) {
 	if err := os.MkdirAll(patches, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// The operator's changes to kubeadm's Deployment, as kubeadm patches.
-	if err := os.WriteFile(filepath.Join(patches, "corednsdeployment0+json.json"), []byte(`[
-  {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": true},
-  {"op": "remove", "path": "/spec/template/spec/containers/0/ports"},
-  {"op": "replace", "path": "/spec/template/spec/containers/0/livenessProbe/httpGet/port", "value": 8080},
-  {"op": "replace", "path": "/spec/template/spec/containers/0/readinessProbe/httpGet/port", "value": 8181}
-]
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(patches, "corednsdeployment1+strategic.yaml"), []byte(fmt.Sprintf(`spec:
+	// The operator's changes to kubeadm's Deployment, as a kubeadm patch.
+	if err := os.WriteFile(filepath.Join(patches, "corednsdeployment+strategic.yaml"), []byte(fmt.Sprintf(`spec:
   template:
     spec:
       tolerations:%s
@@ -756,17 +818,14 @@ func (lc *lifecycle) kubeadm(installArgs []string) {
         effect: NoSchedule
       containers:
       - name: coredns
-        securityContext:
-          runAsUser: 0
+        readinessProbe:
+          periodSeconds: 1
+          timeoutSeconds: 3
+          failureThreshold: 2
         resources:
           limits:
             memory: 300Mi
-        env:
-        - name: KUBERNETES_SERVICE_HOST
-          value: "127.0.0.1"
-        - name: KUBERNETES_SERVICE_PORT
-          value: "%d"
-`, strings.ReplaceAll(kubeadmTolerations, "\n    ", "\n"), lc.kube.Port())), 0o644); err != nil {
+`, strings.ReplaceAll(kubeadmTolerations, "\n    ", "\n"))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	config := filepath.Join(lc.dir, "kubeadm.yaml")

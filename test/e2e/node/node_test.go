@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,7 +112,7 @@ func TestNode(t *testing.T) {
 	start := time.Now()
 	kube, err := cluster.New(t.Context(), cluster.Options{
 		AuditPolicy: eventAudit,
-		Node:        &cluster.NodeOptions{Images: []string{archive}},
+		Node:        &cluster.NodeOptions{Images: []string{archive}, PodNetwork: true},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -215,9 +216,9 @@ func (e *nodeEnv) waitEvents(t *testing.T, pod *corev1.Pod, d time.Duration, wha
 	return last
 }
 
-// dnsAddr is where the cluster DNS answers on the node: its pods use the
-// host's network and share port 53.
-const dnsAddr = "127.0.0.1:53"
+// dnsAddr is where the cluster's clients ask: the kube-dns Service, which
+// the host reaches through kube-proxy's rules.
+var dnsAddr = net.JoinHostPort(cluster.DNSServiceIP, "53")
 
 // ask sends one query and returns the answer's rcode.
 func ask(name string, timeout time.Duration) (int, error) {
@@ -567,7 +568,7 @@ func (e *nodeEnv) role(t *testing.T) {
 	}
 	var changed time.Time // when the Role was last patched
 	// refused waits for a 403 on verb. Queries reach the two pods as the
-	// kernel spreads them (SO_REUSEPORT), so lines that would be written
+	// Service spreads them, so lines that would be written
 	// with that verb may all have gone to the pod that had no use for it:
 	// every 2 s, more asks once.
 	refused := func(verb string, more func()) {

@@ -49,7 +49,7 @@ func TestInstallSafety(t *testing.T) {
 	build(t, filepath.Join(bin, "kubectl-k8s_event"), "./cmd/kubectl-k8s_event")
 	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	start := time.Now()
-	kube, err := cluster.New(t.Context(), cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive, stock, exits}}})
+	kube, err := cluster.New(t.Context(), cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive, stock, exits}, PodNetwork: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,8 @@ func (lc *lifecycle) safety(t *testing.T) {
 	if s := lc.stockDep.Spec.Strategy.RollingUpdate; s == nil || s.MaxUnavailable.IntValue() != 1 {
 		t.Fatalf("not the chart's rollout defaults: %+v", s)
 	}
-	lc.probe = startStepProber(fmt.Sprintf("127.0.0.1:%d", l.port), "kubernetes.default.svc.cluster.test.")
+	lc.waitService("kubernetes.default.svc.cluster.test.")
+	lc.probe = startStepProber(lc.dnsAddr(), "kubernetes.default.svc.cluster.test.")
 	defer lc.probe.finish()
 	asIs := func(what string) {
 		t.Helper()
