@@ -108,6 +108,46 @@ const operatorPatches = `
                 memory: 300Mi
 `
 
+// hostNetworkPatches put a layout's pods on the host's network, for a node
+// without a pod network: hostNetwork, no host ports, probes by port
+// number, the API server's loopback address, and one user for all (pods
+// of the host's network share ports through SO_REUSEPORT, which the
+// kernel allows only to sockets of one uid, and the stock image runs as
+// root). %[1]s is the Deployment, %[2]d the API port.
+const hostNetworkPatches = `
+- target: {kind: Deployment, name: %[1]s}
+  patch: |-
+    - op: add
+      path: /spec/template/spec/hostNetwork
+      value: true
+    - op: remove
+      path: /spec/template/spec/containers/0/ports
+    - op: replace
+      path: /spec/template/spec/containers/0/livenessProbe/httpGet/port
+      value: 8080
+    - op: replace
+      path: /spec/template/spec/containers/0/readinessProbe/httpGet/port
+      value: 8181
+- target: {kind: Deployment, name: %[1]s}
+  patch: |-
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata:
+      name: %[1]s
+    spec:
+      template:
+        spec:
+          containers:
+          - name: coredns
+            securityContext:
+              runAsUser: 0
+            env:
+            - name: KUBERNETES_SERVICE_HOST
+              value: "127.0.0.1"
+            - name: KUBERNETES_SERVICE_PORT
+              value: "%[2]d"
+`
+
 const kubeadmTolerations = `
           - key: CriticalAddonsOnly
             operator: Exists
@@ -121,6 +161,7 @@ type layout struct {
 	service                string // the Service the cluster's clients ask
 	selector               string
 	port                   int
+	hostNetwork            bool                                  // pods on the host's network, asked on 127.0.0.1
 	stock                  func(t *testing.T, dir string) string // writes the stock kustomization, returns its directory
 }
 
@@ -174,7 +215,7 @@ func TestLifecycle(t *testing.T) {
 			name: "kubeadm", ns: "kube-system", deployment: "coredns", config: "coredns", service: "kube-dns", selector: "k8s-app=kube-dns", port: 53,
 			stock: func(t *testing.T, dir string) string {
 				rel, _ := filepath.Rel(dir, filepath.Join(repoRoot, "deploy/kubeadm"))
-				return writeKustomization(t, dir, []string{rel}, "coredns", "coredns", kubeadmTolerations, 53)
+				return writeKustomization(t, dir, []string{rel}, "coredns", "coredns", kubeadmTolerations, 53, "")
 			},
 		},
 		helmLayout(kube),
@@ -207,24 +248,40 @@ func TestLifecycle(t *testing.T) {
 func helmLayout(kube *cluster.Cluster) layout {
 	return layout{
 		name: "helm", ns: "dns", deployment: "dns-coredns", config: "dns-coredns", service: "dns-coredns", selector: "app.kubernetes.io/name=coredns", port: 53,
-		stock: func(t *testing.T, dir string) string {
-			data, err := os.ReadFile(filepath.Join(repoRoot, "test/e2e/node/testdata/helm-coredns.yaml"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, "chart.yaml"), data, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			return writeKustomization(t, dir, []string{"chart.yaml"}, "dns-coredns", "dns-coredns", "", 53)
-		},
+		stock: helmStock(53, ""),
 	}
 }
 
-// writeKustomization writes the stock objects with the operator's changes.
-func writeKustomization(t *testing.T, dir string, resources []string, deployment, configMap, tolerations string, dnsPort int) string {
+// hostNetworkHelmLayout is helmLayout with its pods on the host's network
+// of a node without a pod network, serving on port 1053.
+func hostNetworkHelmLayout(kube *cluster.Cluster) layout {
+	l := helmLayout(kube)
+	l.port, l.hostNetwork = 1053, true
+	l.stock = helmStock(1053, fmt.Sprintf(hostNetworkPatches, l.deployment, kube.Port()))
+	return l
+}
+
+// helmStock writes the chart's objects with the operator's changes, the
+// Corefile serving on dnsPort, and the extra patches.
+func helmStock(dnsPort int, extra string) func(t *testing.T, dir string) string {
+	return func(t *testing.T, dir string) string {
+		data, err := os.ReadFile(filepath.Join(repoRoot, "test/e2e/node/testdata/helm-coredns.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "chart.yaml"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return writeKustomization(t, dir, []string{"chart.yaml"}, "dns-coredns", "dns-coredns", "", dnsPort, extra)
+	}
+}
+
+// writeKustomization writes the stock objects with the operator's changes
+// and the extra patches.
+func writeKustomization(t *testing.T, dir string, resources []string, deployment, configMap, tolerations string, dnsPort int, extra string) string {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -238,7 +295,7 @@ func writeKustomization(t *testing.T, dir string, resources []string, deployment
 	for _, r := range resources {
 		fmt.Fprintf(&k, "- %s\n", r)
 	}
-	fmt.Fprintf(&k, "patches:%s", fmt.Sprintf(operatorPatches, deployment, tolerations))
+	fmt.Fprintf(&k, "patches:%s%s", fmt.Sprintf(operatorPatches, deployment, tolerations), strings.TrimPrefix(extra, "\n"))
 	ind := "        " + strings.ReplaceAll(strings.TrimSuffix(corefile, "\n"), "\n", "\n        ")
 	fmt.Fprintf(&k, "- target: {kind: ConfigMap, name: %s}\n  patch: |-\n    - op: replace\n      path: /data/Corefile\n      value: |\n%s\n", configMap, ind)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k.String()), 0o644); err != nil {
@@ -772,9 +829,13 @@ func (lc *lifecycle) probeEvents() string {
 }
 
 // dnsAddr is the ClusterIP and port of the layout's Service, which the
-// host reaches through kube-proxy's rules as the cluster's pods do.
+// host reaches through kube-proxy's rules as the cluster's pods do; on
+// the host's network, the loopback address and the pods' port.
 func (lc *lifecycle) dnsAddr() string {
 	lc.t.Helper()
+	if lc.l.hostNetwork {
+		return net.JoinHostPort("127.0.0.1", strconv.Itoa(lc.l.port))
+	}
 	svc, err := lc.kube.Clientset.CoreV1().Services(lc.l.ns).Get(lc.t.Context(), lc.l.service, metav1.GetOptions{})
 	if err != nil {
 		lc.t.Fatal(err)
