@@ -321,6 +321,9 @@ func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap)
 func (r *run) planStrategy(p *installPlan, want *appsv1.Deployment) []string {
 	d, o := p.d, r.o
 	p.before = operatorView(d)
+	if rec, _ := recordedStrategy(d); rec != nil && rec.stale(d) {
+		r.warn(fmt.Sprintf("deployment %s/%s: the strategy was set since a run that was cut off recorded it (annotation %s): the strategy set since is kept, and the record dropped", d.Namespace, d.Name, StrategyAnnotation))
+	}
 	if equality.Semantic.DeepEqual(d.Spec.Template, want.Spec.Template) {
 		r.res.Rollout = "none: the Deployment has k8s_event already"
 		if p.before != d {

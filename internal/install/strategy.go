@@ -28,6 +28,18 @@ const StrategyAnnotation = "k8s-event.coredns.io/strategy"
 type rolloutRecord struct {
 	Strategy        appsv1.DeploymentStrategy `json:"strategy"`
 	MinReadySeconds int32                     `json:"minReadySeconds,omitempty"`
+	// Temporary and TemporaryMinReadySeconds are what the run set in
+	// their place: live settings that differ from them are the
+	// operator's, set since. Nil in a record written before they were.
+	Temporary                *appsv1.DeploymentStrategy `json:"temporary,omitempty"`
+	TemporaryMinReadySeconds int32                      `json:"temporaryMinReadySeconds,omitempty"`
+}
+
+// stale reports whether d's live strategy or minReadySeconds are no
+// longer the temporary ones the record r says its run set: the operator
+// set their own since, and r is out of date.
+func (r *rolloutRecord) stale(d *appsv1.Deployment) bool {
+	return r.Temporary != nil && (!equalJSON(*r.Temporary, d.Spec.Strategy) || r.TemporaryMinReadySeconds != d.Spec.MinReadySeconds)
 }
 
 // recordedStrategy is what a run recorded of the operator's rollout
@@ -46,14 +58,18 @@ func recordedStrategy(d *appsv1.Deployment) (*rolloutRecord, error) {
 
 // operatorView is d as its operator set it: the strategy and
 // minReadySeconds a run recorded in place of the temporary ones that run
-// left, and no record. A record that does not parse is left as it is.
+// left, and no record. Where the live ones are no longer those the run
+// set, the operator set them since: they stay, and only the record goes.
+// A record that does not parse is left as it is.
 func operatorView(d *appsv1.Deployment) *appsv1.Deployment {
 	s, err := recordedStrategy(d)
 	if s == nil || err != nil {
 		return d
 	}
 	v := d.DeepCopy()
-	v.Spec.Strategy, v.Spec.MinReadySeconds = s.Strategy, s.MinReadySeconds
+	if !s.stale(d) {
+		v.Spec.Strategy, v.Spec.MinReadySeconds = s.Strategy, s.MinReadySeconds
+	}
 	delete(v.Annotations, StrategyAnnotation)
 	return v
 }
@@ -70,13 +86,14 @@ func setRolloutStrategy(want, operator *appsv1.Deployment, tmp *appsv1.Deploymen
 	if tmp == nil {
 		return
 	}
-	b, _ := json.Marshal(rolloutRecord{Strategy: operator.Spec.Strategy, MinReadySeconds: operator.Spec.MinReadySeconds})
+	want.Spec.Strategy = *tmp
+	want.Spec.MinReadySeconds = max(operator.Spec.MinReadySeconds, int32(settle/time.Second))
+	b, _ := json.Marshal(rolloutRecord{Strategy: operator.Spec.Strategy, MinReadySeconds: operator.Spec.MinReadySeconds,
+		Temporary: tmp.DeepCopy(), TemporaryMinReadySeconds: want.Spec.MinReadySeconds})
 	if want.Annotations == nil {
 		want.Annotations = map[string]string{}
 	}
 	want.Annotations[StrategyAnnotation] = string(b)
-	want.Spec.Strategy = *tmp
-	want.Spec.MinReadySeconds = max(operator.Spec.MinReadySeconds, int32(settle/time.Second))
 }
 
 // interruptedRollout says, for status, what a run killed during its wait
@@ -88,6 +105,8 @@ func interruptedRollout(d *appsv1.Deployment) string {
 		return err.Error()
 	case s == nil:
 		return ""
+	case s.stale(d):
+		return fmt.Sprintf("a run was cut off during its rollout, and its record of your strategy (annotation %s) is out of date: the strategy was set since (%s) and is kept; the next install or uninstall drops the record", StrategyAnnotation, strategyString(d.Spec.Strategy))
 	}
 	return fmt.Sprintf("a run was cut off during its rollout: the Deployment rolls with the strategy it set (%s) in place of yours (%s), recorded in annotation %s; run install again to finish that rollout and put yours back, or uninstall", strategyString(d.Spec.Strategy), strategyString(s.Strategy), StrategyAnnotation)
 }

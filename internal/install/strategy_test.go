@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -194,5 +195,42 @@ func TestUninstallRefusesASurgeWithNoSpareNodeForIt(t *testing.T) {
 	}
 	if err := Uninstall(ctx, c, Options{Wait: 5 * time.Second, Force: true}); err != nil {
 		t.Errorf("uninstall --force: %v", err)
+	}
+}
+
+// After a run killed during its wait, status says the Deployment rolls
+// with the run's strategy "in place of yours". An operator who then sets
+// the strategy by hand (kubectl patch of .spec, which leaves the
+// annotation alone) has made a new setting of their own; the next
+// install must not overwrite it with the stale record: the record does
+// not say what the temporary strategy was, so operatorView takes any
+// strategy found beside it for the temporary one and puts back the old.
+func TestInstallKeepsAStrategyTheOperatorSetAfterAKilledRun(t *testing.T) {
+	ctx := context.Background()
+	d := chartDefaults()
+	c := newClient(d.DeepCopy(), configMap())
+	rolledOut := stuckThenRolled(c)
+	revive := killAfterPatch(c)
+	_ = Install(ctx, c, Options{Image: image, Wait: time.Second})
+	revive()
+	// The operator's new choice: two pods of surge, none down, and pods
+	// counted available after 10 s.
+	mine := appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
+		MaxUnavailable: ptrTo(intstr.FromInt32(0)), MaxSurge: ptrTo(intstr.FromInt32(2)),
+	}}
+	now := get(t, c)
+	now.Spec.Strategy, now.Spec.MinReadySeconds = mine, 10
+	if _, err := c.AppsV1().Deployments("kube-system").Update(ctx, now, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rolledOut.Store(true)
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, Wait: 10 * time.Second, Settle: time.Second, Out: &out}); err != nil {
+		t.Fatalf("the next install: %v\n%s", err, out.String())
+	}
+	got := get(t, c)
+	if !equalJSON(got.Spec.Strategy, mine) || got.Spec.MinReadySeconds != 10 {
+		t.Errorf("after the next install: strategy %s, minReadySeconds %d; want the operator's own, set after the killed run: %s, 10\n%s",
+			strategyString(got.Spec.Strategy), got.Spec.MinReadySeconds, strategyString(mine), out.String())
 	}
 }
