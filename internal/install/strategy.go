@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 )
@@ -128,7 +130,8 @@ func onePerNode(d *appsv1.Deployment) bool {
 }
 
 // spareNodes counts the Ready, schedulable nodes that match d's
-// nodeSelector beyond its replicas: where its pods need a node each,
+// nodeSelector and required node affinity, and whose NoSchedule and
+// NoExecute taints its pods tolerate, beyond its replicas: where its pods need a node each,
 // the nodes a surge pod can go to.
 func spareNodes(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) (int, error) {
 	nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(d.Spec.Template.Spec.NodeSelector).String()})
@@ -136,8 +139,9 @@ func spareNodes(ctx context.Context, c kubernetes.Interface, d *appsv1.Deploymen
 		return 0, err
 	}
 	n := 0
+	spec := &d.Spec.Template.Spec
 	for _, node := range nodes.Items {
-		if node.Spec.Unschedulable {
+		if node.Spec.Unschedulable || !toleratesNode(spec.Tolerations, &node) || !affinityMatches(spec.Affinity, &node) {
 			continue
 		}
 		for _, cond := range node.Status.Conditions {
@@ -147,6 +151,59 @@ func spareNodes(ctx context.Context, c kubernetes.Interface, d *appsv1.Deploymen
 		}
 	}
 	return n - int(ptrOr(d.Spec.Replicas, 1)), nil
+}
+
+// toleratesNode reports whether tolerations tolerate every NoSchedule and
+// NoExecute taint of node.
+func toleratesNode(tolerations []corev1.Toleration, node *corev1.Node) bool {
+	for i := range node.Spec.Taints {
+		taint := &node.Spec.Taints[i]
+		if taint.Effect == corev1.TaintEffectPreferNoSchedule {
+			continue
+		}
+		if !slices.ContainsFunc(tolerations, func(t corev1.Toleration) bool { return t.ToleratesTaint(taint) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// affinityMatches reports whether node matches a's required node
+// affinity: any of its terms, each with all its expressions.
+func affinityMatches(a *corev1.Affinity, node *corev1.Node) bool {
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return true
+	}
+	fields := labels.Set{"metadata.name": node.Name}
+	return slices.ContainsFunc(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms, func(term corev1.NodeSelectorTerm) bool {
+		if len(term.MatchExpressions) == 0 && len(term.MatchFields) == 0 {
+			return false
+		}
+		return requirementsMatch(term.MatchExpressions, labels.Set(node.Labels)) && requirementsMatch(term.MatchFields, fields)
+	})
+}
+
+// nodeSelectorOps are the selection operators of a node selector's.
+var nodeSelectorOps = map[corev1.NodeSelectorOperator]selection.Operator{
+	corev1.NodeSelectorOpIn: selection.In, corev1.NodeSelectorOpNotIn: selection.NotIn,
+	corev1.NodeSelectorOpExists: selection.Exists, corev1.NodeSelectorOpDoesNotExist: selection.DoesNotExist,
+	corev1.NodeSelectorOpGt: selection.GreaterThan, corev1.NodeSelectorOpLt: selection.LessThan,
+}
+
+// requirementsMatch reports whether set meets every requirement of reqs;
+// one that does not parse is not met.
+func requirementsMatch(reqs []corev1.NodeSelectorRequirement, set labels.Set) bool {
+	for _, r := range reqs {
+		op, ok := nodeSelectorOps[r.Operator]
+		if !ok {
+			return false
+		}
+		req, err := labels.NewRequirement(r.Key, op, r.Values)
+		if err != nil || !req.Matches(set) {
+			return false
+		}
+	}
+	return true
 }
 
 // checkSurge refuses, unless Force, a temporary surge strategy that could

@@ -234,3 +234,43 @@ func TestInstallKeepsAStrategyTheOperatorSetAfterAKilledRun(t *testing.T) {
 			strategyString(got.Spec.Strategy), got.Spec.MinReadySeconds, strategyString(mine), out.String())
 	}
 }
+
+// A node the pods cannot go to is not spare: here the second Ready node
+// has a NoSchedule taint the CoreDNS pods do not tolerate (a GPU pool, a
+// dedicated pool). The surge pod the temporary strategy adds needs a node
+// without a CoreDNS pod that it may be scheduled on, and there is none:
+// the rollout stays Pending until --timeout, then is put back. Install
+// must refuse it as it refuses with no spare node at all (the dry run
+// included), or roll with --force as the operator's strategy does.
+func TestInstallRefusesASurgeWhoseOnlySpareNodeIsTainted(t *testing.T) {
+	ctx := context.Background()
+	_, objs := onePerNodeCluster(1)
+	objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-0"},
+		Spec:   corev1.NodeSpec{Taints: []corev1.Taint{{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}}},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}})
+	c := newClient(objs...)
+	var out bytes.Buffer
+	if err := Install(ctx, c, Options{Image: image, DryRun: true, Wait: 5 * time.Second, Out: &out}); !IsRefused(err) || !strings.Contains(err.Error(), "need a node each") {
+		t.Errorf("install --dry-run with the only other node tainted against the pods: %v, want it refused as with no spare node\n%s", err, out.String())
+	}
+}
+
+// A node counts for the pods only where it matches their required node
+// affinity and they tolerate its NoSchedule and NoExecute taints.
+func TestNodeFitsThePodsAffinityAndTolerations(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"pool": "system"}},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "dedicated", Value: "dns", Effect: corev1.TaintEffectNoExecute}, {Key: "soft", Effect: corev1.TaintEffectPreferNoSchedule}}}}
+	aff := func(op corev1.NodeSelectorOperator, v ...string) *corev1.Affinity {
+		return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: op, Values: v}}}}}}}
+	}
+	if !affinityMatches(nil, node) || !affinityMatches(aff(corev1.NodeSelectorOpIn, "system"), node) || affinityMatches(aff(corev1.NodeSelectorOpNotIn, "system"), node) || affinityMatches(aff(corev1.NodeSelectorOpDoesNotExist), node) {
+		t.Error("required node affinity read wrong")
+	}
+	if toleratesNode(nil, node) {
+		t.Error("a NoExecute taint not tolerated: node counted")
+	}
+	if !toleratesNode([]corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "dns", Effect: corev1.TaintEffectNoExecute}}, node) {
+		t.Error("a tolerated taint: node not counted")
+	}
+}
