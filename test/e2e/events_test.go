@@ -377,17 +377,34 @@ func TestMessageVerbatim(t *testing.T) {
 			if len(got) > 1024 {
 				t.Errorf("message has %d bytes, want at most 1024", len(got))
 			}
-			// The line is cut on a rune boundary; a short marker may
-			// follow the cut.
-			kept := commonPrefix(got, full)
-			if marker := got[len(kept):]; len(marker) > 32 {
-				t.Errorf("message departs from the line after %d bytes: %q", len(kept), marker)
+			// The line is cut in its middle, on rune boundaries: its start
+			// and its end are kept, with a short marker between them.
+			head := commonPrefix(got, full)
+			tail := commonSuffix(got[len(head):], full)
+			if marker := got[len(head) : len(got)-len(tail)]; len(marker) > 32 {
+				t.Errorf("message departs from the line after %d bytes and before its last %d: %q", len(head), len(tail), marker)
 			}
-			if len(kept) < 1024-32-utf8.UTFMax {
-				t.Errorf("message keeps %d bytes of the line, cut too short", len(kept))
+			if len(head) < 400 || len(tail) < 400 {
+				t.Errorf("message keeps %d bytes of the line's start and %d of its end, want the start and the end", len(head), len(tail))
+			}
+			if kept := len(head) + len(tail); kept < 1024-32-2*utf8.UTFMax {
+				t.Errorf("message keeps %d bytes of the line, cut too short", kept)
 			}
 		})
 	}
+}
+
+// commonSuffix returns the longest suffix of a that b shares, moved forward
+// to a rune boundary of a.
+func commonSuffix(a, b string) string {
+	n := 0
+	for n < len(a) && n < len(b) && a[len(a)-1-n] == b[len(b)-1-n] {
+		n++
+	}
+	for n > 0 && !utf8.RuneStart(a[len(a)-n]) {
+		n--
+	}
+	return a[len(a)-n:]
 }
 
 // commonPrefix returns the longest prefix of a that b shares, cut back to a

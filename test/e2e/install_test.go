@@ -84,16 +84,39 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 		t.Errorf("status as the operator: %+v, %v", s, err)
 	}
 
-	// Another run holds the lease.
+	// Another run holds the lease and renews it, as a live run does.
 	holder, secs, now := "elsewhere/1/x", int32(60), metav1.NewMicroTime(time.Now())
-	if _, err := admin.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "coredns-k8s-event"},
+	leases := admin.CoordinationV1().Leases(ns)
+	if _, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "coredns-k8s-event"},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := install.Uninstall(ctx, op, install.Options{Namespace: ns}); !install.IsRefused(err) || !strings.Contains(err.Error(), holder) {
-		t.Errorf("uninstall while another run holds the lease: %v", err)
+	renewCtx, stopRenewing := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		for {
+			select {
+			case <-renewCtx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			l, err := leases.Get(renewCtx, "coredns-k8s-event", metav1.GetOptions{})
+			if err != nil {
+				continue
+			}
+			at := metav1.NewMicroTime(time.Now())
+			l.Spec.RenewTime = &at
+			_, _ = leases.Update(renewCtx, l, metav1.UpdateOptions{})
+		}
+	}()
+	err = install.Uninstall(ctx, op, install.Options{Namespace: ns})
+	stopRenewing()
+	<-renewed
+	if !install.IsRefused(err) || !strings.Contains(err.Error(), holder) {
+		t.Errorf("uninstall while another run holds the lease and renews it: %v", err)
 	}
-	if err := admin.CoordinationV1().Leases(ns).Delete(ctx, "coredns-k8s-event", metav1.DeleteOptions{}); err != nil {
+	if err := leases.Delete(ctx, "coredns-k8s-event", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
