@@ -3,10 +3,10 @@ package install
 import (
 	"bytes"
 	"context"
-	appsv1 "k8s.io/api/apps/v1"
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
