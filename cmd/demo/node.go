@@ -48,43 +48,9 @@ func runNode(ctx context.Context, archive, ref, deploy string) error {
 		return err
 	}
 
-	// The pods read the ConfigMap the overlay generated, named by its
-	// content; the demo edits it in place to show a reload.
-	dep, err := kube.Clientset.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
-	if err != nil {
+	if err := addFailZone(ctx, kube); err != nil {
 		return err
 	}
-	cmName := "coredns"
-	for _, v := range dep.Spec.Template.Spec.Volumes {
-		if v.Name == "config-volume" && v.ConfigMap != nil {
-			cmName = v.ConfigMap.Name
-		}
-	}
-	step("adding a zone whose upstream refuses to the Corefile (kubectl patch configmap " + cmName + ");\n    the kubelet and the reload plugin bring it to the pods in about 30s")
-	cm, err := kube.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, cmName, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	patch, _ := json.Marshal(map[string]any{"data": map[string]string{"Corefile": cm.Data["Corefile"] + failZone}})
-	if _, _, err := kube.Kubectl(ctx, "-n", "kube-system", "patch", "configmap", cmName, "--type=merge", "-p", string(patch)); err != nil {
-		return err
-	}
-	start = time.Now()
-	// The Service spreads the queries over both pods: ask until several
-	// in a row fail as they should, so that both have the new Corefile.
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
-		for range 8 {
-			rcode, err := query("probe.fail.test.", clusterDNS)
-			if err != nil || rcode != dns.RcodeServerFailure {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		return fmt.Errorf("the edited Corefile did not reach CoreDNS: %w", err)
-	}
-	fmt.Printf("  reloaded after %v\n", time.Since(start).Round(time.Second))
 
 	step("asking for names in it: each failure is an error line, and an event")
 	for _, name := range []string{"db.fail.test.", "api.fail.test.", "db.fail.test."} {
@@ -126,6 +92,51 @@ Make CoreDNS log more, and watch the events come:
 Logs: %s (kubelet.log, containerd.log, ...)
 `, kube.KubeconfigPath, os.Getenv("KUBECTL"), self, os.Getenv("KUBECTL"), pod.Name, kube.Dir)
 	return keepRunning(ctx, nil, nil)
+}
+
+// addFailZone edits the Corefile the pods read in place, adding a zone
+// whose upstream refuses, and waits until the reload plugin brought it to
+// every pod.
+func addFailZone(ctx context.Context, kube *cluster.Cluster) error {
+	// The pods read the ConfigMap the overlay generated, named by its
+	// content; the demo edits it in place to show a reload.
+	dep, err := kube.Clientset.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	cmName := "coredns"
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Name == "config-volume" && v.ConfigMap != nil {
+			cmName = v.ConfigMap.Name
+		}
+	}
+	step("adding a zone whose upstream refuses to the Corefile (kubectl patch configmap " + cmName + ");\n    the kubelet and the reload plugin bring it to the pods in about 30s")
+	cm, err := kube.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, cmName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	patch, _ := json.Marshal(map[string]any{"data": map[string]string{"Corefile": cm.Data["Corefile"] + failZone}})
+	if _, _, err := kube.Kubectl(ctx, "-n", "kube-system", "patch", "configmap", cmName, "--type=merge", "-p", string(patch)); err != nil {
+		return err
+	}
+	start := time.Now()
+	// The Service spreads the queries over both pods: ask until several
+	// in a row fail as they should, so that both have the new Corefile.
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+		for range 8 {
+			rcode, err := query("probe.fail.test.", clusterDNS)
+			if err != nil || rcode != dns.RcodeServerFailure {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the edited Corefile did not reach CoreDNS: %w", err)
+	}
+	fmt.Printf("  reloaded after %v\n", time.Since(start).Round(time.Second))
+
+	return nil
 }
 
 // applyDNS applies the cluster's DNS as kubeadm installs it, then the
