@@ -56,10 +56,15 @@ func total(evs []corev1.Event) (n int32) {
 	return n
 }
 
+// stormShape is the shape of stormOf's lines, which an end quotes: what
+// the storm was about, never one client's line.
+const stormShape = "<n> <name>. A: read udp <ip>-><ip>: i/o timeout"
+
 // wantEnd checks an end event against the storm event it ends: a Normal
-// event with the storm's labels, and a message that names the storm's
-// latest line, its total and its first and last time.
-func wantEnd(t *testing.T, end, storm corev1.Event) {
+// event with the storm's labels, about the same pod, and a message that
+// names the storm's shape, its lines since it began and its first and last
+// time (the times of the combined event's lines of this storm).
+func wantEnd(t *testing.T, end, storm corev1.Event, lines int32, from string) {
 	t.Helper()
 	if end.Type != corev1.EventTypeNormal {
 		t.Errorf("end event type %s, want Normal", end.Type)
@@ -72,20 +77,28 @@ func wantEnd(t *testing.T, end, storm corev1.Event) {
 	if end.InvolvedObject.Name != storm.InvolvedObject.Name || end.InvolvedObject.UID != storm.InvolvedObject.UID {
 		t.Errorf("end event about %s/%s, the storm's about %s/%s", end.InvolvedObject.Name, end.InvolvedObject.UID, storm.InvolvedObject.Name, storm.InvolvedObject.UID)
 	}
-	// A combined event's message is "plugin/errors: (combined from similar
-	// events): LINE"; the end quotes LINE alone.
-	latest := strings.TrimPrefix(strings.TrimPrefix(storm.Message, "plugin/errors: "), "(combined from similar events): ")
-	want := fmt.Sprintf("plugin/errors: %d lines like %q from %s to %s, none since", storm.Count, latest,
-		storm.FirstTimestamp.UTC().Format(time.TimeOnly), storm.LastTimestamp.UTC().Format(time.TimeOnly))
+	want := fmt.Sprintf("plugin/errors: %d lines like %q from %s to %s, none since", lines, stormShape,
+		from, storm.LastTimestamp.UTC().Format(time.TimeOnly))
 	if end.Message != want {
 		t.Errorf("end event message\n%s\nwant\n%s", end.Message, want)
 	}
 }
 
+// endFrom is the first time an end's message names ("from HH:MM:SS").
+func endFrom(t *testing.T, end corev1.Event) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(end.Message, " from ")
+	if !ok || len(rest) < len(time.TimeOnly) {
+		t.Fatalf("end event message names no first time: %q", end.Message)
+	}
+	return rest[:len(time.TimeOnly)]
+}
+
 // TestStormEnds: a storm of one shape goes quiet, and after quiet exactly
-// one CoreDNSErrorEnded event says so, with the storm's total, times and
-// labels; the storm comes back as a new Warning object (not a patch of
-// the ended one), and ends a second time.
+// one CoreDNSErrorEnded event says so, with the storm's shape, total,
+// times and labels; the storm comes back on the same Warning object, whose
+// count goes on, and ends a second time, the end speaking of the second
+// storm's lines alone.
 func TestStormEnds(t *testing.T) {
 	pod := testPod(t)
 	c := startFaults(t, pod, quietCorefile)
@@ -98,7 +111,8 @@ func TestStormEnds(t *testing.T) {
 	if len(first) != 1 {
 		t.Fatalf("%d combined events for a storm of one shape, want 1:\n%s", len(first), describe(evs))
 	}
-	wantEnd(t, endedIn(evs)[0], first[0])
+	firstEnd := endedIn(evs)[0]
+	wantEnd(t, firstEnd, first[0], first[0].Count, first[0].FirstTimestamp.UTC().Format(time.TimeOnly))
 	// Exactly one: no second end while nothing happens.
 	settle(t, pod, 2*stormQuiet, "one end event while the storm stays quiet", func(evs []corev1.Event) bool {
 		return len(endedIn(evs)) == 1 && total(warningsIn(evs)) == 40
@@ -107,31 +121,22 @@ func TestStormEnds(t *testing.T) {
 		t.Errorf("ended_total=%v after one end, want 1", n)
 	}
 
-	// The storm comes back: a new storm, its own Warning object.
+	// The storm comes back: its lines count on the same combined event.
 	stormOf(t, c, 1000, 25)
-	evs = waitEventsFor(t, pod, time.Minute, "the second storm's 25 lines in a new combined event, then its end", func(evs []corev1.Event) bool {
-		return len(combinedIn(evs)) == 2 && total(warningsIn(evs)) == 65 && len(endedIn(evs)) == 2
+	evs = waitEventsFor(t, pod, time.Minute, "the second storm's 25 lines on the same combined event, then its end", func(evs []corev1.Event) bool {
+		return len(combinedIn(evs)) == 1 && total(warningsIn(evs)) == 65 && len(endedIn(evs)) == 2
 	})
+	storm := combinedIn(evs)[0]
+	if storm.Name != first[0].Name || storm.Count != first[0].Count+25 {
+		t.Errorf("the storm came back as %s count %d, want %s count %d", storm.Name, storm.Count, first[0].Name, first[0].Count+25)
+	}
 	var second corev1.Event
-	for _, e := range combinedIn(evs) {
-		if e.Name == first[0].Name {
-			if e.Count != first[0].Count || !e.LastTimestamp.Equal(&first[0].LastTimestamp) {
-				t.Errorf("the ended storm's event was patched: count %d, want %d", e.Count, first[0].Count)
-			}
-			continue
-		}
-		second = e
-	}
-	var ends []corev1.Event
 	for _, e := range endedIn(evs) {
-		if strings.Contains(e.Message, fmt.Sprintf(" %d lines like ", second.Count)) && strings.Contains(e.Message, "q1024.") {
-			ends = append(ends, e)
+		if e.Name != firstEnd.Name {
+			second = e
 		}
 	}
-	if len(ends) != 1 {
-		t.Fatalf("no single end event of the second storm:\n%s", describe(evs))
-	}
-	wantEnd(t, ends[0], second)
+	wantEnd(t, second, storm, 25, endFrom(t, second))
 	if n := c.metric(`coredns_k8s_event_ended_total{reason="CoreDNSErrorEnded"}`); n != 2 {
 		t.Errorf("ended_total=%v after two ends, want 2", n)
 	}
