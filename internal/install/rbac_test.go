@@ -11,6 +11,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // The operator's Role and RoleBinding of the names install uses, without
@@ -172,26 +173,10 @@ func TestInstallReplacesARoleBindingToAnotherRoleNewFirst(t *testing.T) {
 
 // An install again over the tool's own Role, to which the operator added
 // a rule since (here get on pods, which k8s_event's pod read needs when
-// COREDNS_POD_UID is not set), updates the Role in place to the events
-// rule alone (planRole's update has no undo). When that install's
-// rollout fails and is put back, the run says the Deployment "is back as
-// it was" and takes back what it created, but the Role keeps the
-// install's rules: the operator's rule is gone, with no way back.
+// COREDNS_POD_UID is not set), whose rollout fails and is put back,
+// leaves the Role with the operator's rules.
 func TestInstallPutBackGivesTheRoleItsRulesBack(t *testing.T) {
-	ctx := context.Background()
-	d := chartDefaults()
-	c := newClient(d.DeepCopy(), configMap())
-	const image2 = "registry.example/coredns-k8s-event:1.13.1-0.2.0-def"
-	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
-		if now.Spec.Template.Spec.Containers[0].Image == image2 {
-			// This build never gets Ready; the old pod stays.
-			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
-		}
-		return rolled(1)
-	})
-	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Settle: time.Second}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, c, image2 := installedBeforeAFailingBuild(t)
 	role, err := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -219,19 +204,7 @@ func TestInstallPutBackGivesTheRoleItsRulesBack(t *testing.T) {
 // gets the events rule added beside theirs; when the rollout fails and is
 // put back, the Role has the operator's rules again.
 func TestInstallAddsTheEventsRuleToItsRoleAndTakesItBack(t *testing.T) {
-	ctx := context.Background()
-	d := chartDefaults()
-	c := newClient(d.DeepCopy(), configMap())
-	const image2 = "registry.example/coredns-k8s-event:1.13.1-0.2.0-def"
-	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
-		if now.Spec.Template.Spec.Containers[0].Image == image2 {
-			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
-		}
-		return rolled(1)
-	})
-	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Settle: time.Second}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, c, image2 := installedBeforeAFailingBuild(t)
 	role, err := c.RbacV1().Roles("kube-system").Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -255,4 +228,26 @@ func TestInstallAddsTheEventsRuleToItsRoleAndTakesItBack(t *testing.T) {
 	if !equalJSON(got.Rules, role.Rules) {
 		t.Errorf("after the failed install, put back, role rules are %+v, want the operator's %+v\n%s", got.Rules, role.Rules, out.String())
 	}
+}
+
+// installedBeforeAFailingBuild installs k8s_event on the chart's defaults
+// and returns the client and a build whose pods never get Ready: an
+// install of it fails and is put back.
+func installedBeforeAFailingBuild(t *testing.T) (context.Context, *fake.Clientset, string) {
+	t.Helper()
+	ctx := context.Background()
+	d := chartDefaults()
+	c := newClient(d.DeepCopy(), configMap())
+	const image2 = "registry.example/coredns-k8s-event:1.13.1-0.2.0-def"
+	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
+		if now.Spec.Template.Spec.Containers[0].Image == image2 {
+			// This build never gets Ready; the old pod stays.
+			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
+		}
+		return rolled(1)
+	})
+	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Settle: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, c, image2
 }
