@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -239,13 +237,7 @@ func installedBeforeAFailingBuild(t *testing.T) (context.Context, *fake.Clientse
 	d := chartDefaults()
 	c := newClient(d.DeepCopy(), configMap())
 	const image2 = "registry.example/coredns-k8s-event:1.13.1-0.2.0-def"
-	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
-		if now.Spec.Template.Spec.Containers[0].Image == image2 {
-			// This build never gets Ready; the old pod stays.
-			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
-		}
-		return rolled(1)
-	})
+	rolloutNeverReady(c, image2)
 	if err := Install(ctx, c, Options{Image: image, Wait: 5 * time.Second, Settle: time.Second}); err != nil {
 		t.Fatal(err)
 	}

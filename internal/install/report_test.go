@@ -184,12 +184,7 @@ func TestInstallJSONListsThePutBackOfAFailedRollout(t *testing.T) {
 	ctx := context.Background()
 	d := chartDefaults()
 	c := newClient(d.DeepCopy(), configMap())
-	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
-		if now.Spec.Template.Spec.Containers[0].Image == image {
-			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
-		}
-		return rolled(1)
-	})
+	rolloutNeverReady(c, image)
 	var out bytes.Buffer
 	err := Install(ctx, c, Options{Image: image, Wait: 2 * time.Second, JSON: true, Out: &out})
 	if err == nil || !strings.Contains(err.Error(), "is back as it was") {

@@ -47,6 +47,17 @@ func controller(c *fake.Clientset, edit func(d *appsv1.Deployment), status func(
 	})
 }
 
+// rolloutNeverReady makes c's controller roll out every template but one
+// of build img: its surge pod never gets Ready, and the old pod stays.
+func rolloutNeverReady(c *fake.Clientset, img string) {
+	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
+		if now.Spec.Template.Spec.Containers[0].Image == img {
+			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
+		}
+		return rolled(1)
+	})
+}
+
 var podsResource = corev1.SchemeGroupVersion.WithResource("pods")
 
 // syncPods keeps the pods of d's template as its status counts them: the
@@ -166,13 +177,7 @@ func TestInstallPutsBackARolloutThatFails(t *testing.T) {
 	ctx := context.Background()
 	d := chartDefaults()
 	c := newClient(d.DeepCopy(), configMap())
-	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
-		if now.Spec.Template.Spec.Containers[0].Image == image {
-			// The surge pod never gets Ready; the old one stays.
-			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
-		}
-		return rolled(1)
-	})
+	rolloutNeverReady(c, image)
 	var out bytes.Buffer
 	err := Install(ctx, c, Options{Image: image, Wait: 2 * time.Second, Out: &out})
 	if err == nil || !strings.Contains(err.Error(), "did not roll out") || !strings.Contains(err.Error(), "is back as it was") {
@@ -192,12 +197,7 @@ func TestInstallPutsBackARolloutThatFails(t *testing.T) {
 func TestInstallInterruptedDuringTheWaitIsPutBack(t *testing.T) {
 	d := chartDefaults()
 	c := newClient(d.DeepCopy(), configMap())
-	controller(c, nil, func(now *appsv1.Deployment) appsv1.DeploymentStatus {
-		if now.Spec.Template.Spec.Containers[0].Image == image {
-			return appsv1.DeploymentStatus{Replicas: 2, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
-		}
-		return rolled(1)
-	})
+	rolloutNeverReady(c, image)
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
 	err := Install(ctx, c, Options{Image: image, Wait: time.Minute})
