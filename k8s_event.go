@@ -192,11 +192,9 @@ func (b *broadcaster) shutdown(inst *instance) {
 // exit detaches every instance, which stops the pipeline and flushes it.
 func (b *broadcaster) exit() {
 	b.change(func() bool {
-		if len(b.attached) == 0 {
-			return false
-		}
+		changed := len(b.attached) > 0
 		b.attached = nil
-		return true
+		return changed
 	})
 }
 

@@ -30,75 +30,35 @@ var dropReasonNames = [numDropReasons]string{"queue_full", "evicted", "shutdown"
 func (r dropReason) String() string { return dropReasonNames[r] }
 
 var (
-	linesVec = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "lines_total",
-		Help:      "Counter of log lines captured at an enabled level, by level.",
-	}, []string{"level"})
+	linesVec = counterVec("lines_total", []string{"level"},
+		"Counter of log lines captured at an enabled level, by level.")
 
-	eventWrites = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "writes_total",
-		Help:      "Counter of successful event writes to the Kubernetes API, by reason and verb (create or patch).",
-	}, []string{"reason", "verb"})
+	eventWrites = counterVec("writes_total", []string{"reason", "verb"},
+		"Counter of successful event writes to the Kubernetes API, by reason and verb (create or patch).")
 
-	throttledTotal = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "throttled_total",
-		Help:      "Counter of event writes deferred because the token bucket of their reason was empty; their lines are carried by a later write.",
-	}, []string{"reason"})
+	throttledTotal = counterVec("throttled_total", []string{"reason"},
+		"Counter of event writes deferred because the token bucket of their reason was empty; their lines are carried by a later write.")
 
-	aggregatedTotal = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "aggregated_total",
-		Help:      "Counter of lines folded into a combined event of their plugin, level and shape, by level.",
-	}, []string{"level"})
+	aggregatedTotal = counterVec("aggregated_total", []string{"level"},
+		"Counter of lines folded into a combined event of their plugin, level and shape, by level.")
 
-	droppedVec = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "dropped_total",
-		Help:      "Counter of lines that no event write will ever carry, by cause (queue_full, evicted, shutdown, throttled, failed).",
-	}, []string{"cause"})
+	droppedVec = counterVec("dropped_total", []string{"cause"},
+		"Counter of lines that no event write will ever carry, by cause (queue_full, evicted, shutdown, throttled, failed).")
 
-	apiErrors = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "api_errors_total",
-		Help:      "Counter of failed requests to the Kubernetes API, by HTTP status code (0 when no response arrived); the expected answers of api_expected_total are not among them.",
-	}, []string{"code"})
+	apiErrors = counterVec("api_errors_total", []string{"code"},
+		"Counter of failed requests to the Kubernetes API, by HTTP status code (0 when no response arrived); the expected answers of api_expected_total are not among them.")
 
-	apiExpected = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "api_expected_total",
-		Help:      "Counter of error answers of the Kubernetes API that are part of the normal course, by HTTP status code and outcome (gone: a patch found the event expired, and it is created anew; name_taken: a create found its name in use, and takes another; exists: a retried create found the event its unanswered first try made).",
-	}, []string{"code", "outcome"})
+	apiExpected = counterVec("api_expected_total", []string{"code", "outcome"},
+		"Counter of error answers of the Kubernetes API that are part of the normal course, by HTTP status code and outcome (gone: a patch found the event expired, and it is created anew; name_taken: a create found its name in use, and takes another; exists: a retried create found the event its unanswered first try made).")
 
-	apiWarnings = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "api_warnings_total",
-		Help:      "Counter of warnings the Kubernetes API sent back with its answers (Warning headers, from admission policies and webhooks), by verb (create, patch, list, get); they are counted, never logged.",
-	}, []string{"verb"})
+	apiWarnings = counterVec("api_warnings_total", []string{"verb"},
+		"Counter of warnings the Kubernetes API sent back with its answers (Warning headers, from admission policies and webhooks), by verb (create, patch, list, get); they are counted, never logged.")
 
-	endedTotal = promauto.NewCounterVec(prometheus.CounterOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "ended_total",
-		Help:      "Counter of storms that went quiet and whose end the plugin said, by the reason of the end event (CoreDNSErrorEnded, CoreDNSWarningEnded).",
-	}, []string{"reason"})
+	endedTotal = counterVec("ended_total", []string{"reason"},
+		"Counter of storms that went quiet and whose end the plugin said, by the reason of the end event (CoreDNSErrorEnded, CoreDNSWarningEnded).")
 
-	requestsInFlight = promauto.NewGauge(prometheus.GaugeOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "requests_in_flight",
-		Help:      "Number of requests to the Kubernetes API sent and not yet answered or timed out.",
-	})
+	requestsInFlight = promauto.NewGauge(prometheus.GaugeOpts(opts("requests_in_flight",
+		"Number of requests to the Kubernetes API sent and not yet answered or timed out.")))
 
 	requestSeconds = promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: plugin.Namespace,
@@ -108,13 +68,19 @@ var (
 		Buckets:   []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
 	}, []string{"verb"})
 
-	pendingLines = promauto.NewGauge(prometheus.GaugeOpts{
-		Namespace: plugin.Namespace,
-		Subsystem: subsystem,
-		Name:      "pending_lines",
-		Help:      "Number of captured lines that no successful write has carried yet and that are not dropped.",
-	})
+	pendingLines = promauto.NewGauge(prometheus.GaugeOpts(opts("pending_lines",
+		"Number of captured lines that no successful write has carried yet and that are not dropped.")))
 )
+
+// opts names a metric of the plugin's.
+func opts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: plugin.Namespace, Subsystem: subsystem, Name: name, Help: help}
+}
+
+// counterVec registers a counter of the plugin's, by labels.
+func counterVec(name string, labels []string, help string) *prometheus.CounterVec {
+	return promauto.NewCounterVec(prometheus.CounterOpts(opts(name, help)), labels)
+}
 
 // Counters resolved once, so that the listener pays one atomic add.
 var (

@@ -1,9 +1,9 @@
 package k8s_event
 
 import (
-	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,20 +68,6 @@ func setup(c *caddy.Controller) error {
 	return nil
 }
 
-// CheckOption reads one line of a k8s_event block (for example
-// "rate 10 20") as setup would, and returns the error setup would give it.
-// Install tooling uses it to refuse a line before any pod runs it.
-func CheckOption(line string) error {
-	_, err := parse(caddy.NewTestController("dns", "k8s_event {\n"+line+"\n}"))
-	if err != nil {
-		// Without the place in a Corefile, which this line has none of.
-		if _, msg, ok := strings.Cut(err.Error(), "Error during parsing: "); ok {
-			return errors.New(msg)
-		}
-	}
-	return err
-}
-
 // parse reads one server block's k8s_event stanza. It has no side effects.
 func parse(c *caddy.Controller) (config, error) {
 	cfg := config{levels: defaultLevels, qps: defaultQPS, burst: defaultBurst, cacheSize: defaultCacheSize, quiet: defaultQuiet}
@@ -94,31 +80,25 @@ func parse(c *caddy.Controller) (config, error) {
 		if args := c.RemainingArgs(); len(args) != 0 {
 			return cfg, c.Errf("k8s_event takes no arguments, got %q", strings.Join(args, " "))
 		}
-		levelGiven := false
+		given := map[string]bool{}
 		for c.NextBlock() {
+			if given[c.Val()] {
+				return cfg, c.Errf("%s given twice", c.Val())
+			}
+			given[c.Val()] = true
 			switch c.Val() {
 			case "level":
-				if levelGiven {
-					return cfg, c.Err("level given twice")
-				}
-				levelGiven = true
 				set, err := parseLevels(c, c.RemainingArgs())
 				if err != nil {
 					return cfg, err
 				}
 				cfg.levels = set
 			case "rate":
-				if cfg.rateSet {
-					return cfg, c.Err("rate given twice")
-				}
 				if err := parseRate(c, c.RemainingArgs(), &cfg); err != nil {
 					return cfg, err
 				}
 				cfg.rateSet = true
 			case "quiet":
-				if cfg.quietSet {
-					return cfg, c.Err("quiet given twice")
-				}
 				quiet, err := parseQuiet(c, c.RemainingArgs())
 				if err != nil {
 					return cfg, err
@@ -138,22 +118,13 @@ func parseLevels(c *caddy.Controller, args []string) (levelSet, error) {
 	}
 	var set levelSet
 	for _, a := range args {
-		l, ok := levelByName(a)
-		if !ok {
+		l := slices.IndexFunc(levelNames[:], func(name string) bool { return strings.EqualFold(a, name) })
+		if l < 0 {
 			return 0, c.Errf("level must be one of debug, info, warning, error, fatal: %q", a)
 		}
 		set |= 1 << l
 	}
 	return set, nil
-}
-
-func levelByName(name string) (level, bool) {
-	for l := level(0); l < numLevels; l++ {
-		if strings.EqualFold(name, levelNames[l]) {
-			return l, true
-		}
-	}
-	return 0, false
 }
 
 func parseRate(c *caddy.Controller, args []string, cfg *config) error {

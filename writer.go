@@ -147,20 +147,23 @@ func (w warningCounter) HandleWarningHeader(code int, _, message string) {
 	}
 }
 
-// classify sorts the answer to one request.
+// classify sorts the answer to one request. A 4xx other than 401 (a
+// rotated token), 408, 409 and 429 is final: a retry cannot change it.
 func classify(reached bool, err error) result {
 	res := result{reached: reached, err: err}
 	if err == nil {
 		return res
 	}
-	res.retryAfter = retryAfter(err)
-	code := statusCode(err)
-	switch {
+	if s, ok := apierrors.SuggestsClientDelay(err); ok {
+		res.retryAfter = time.Duration(s) * time.Second
+	}
+	switch code := statusCode(err); {
 	case code == 0, code >= 500:
 		// kube-apiserver answers 500 or 504 when etcd timed out, and etcd
 		// may have committed: as unsure as no answer at all.
 		res.outcome, res.unsure = writeFailed, reached
-	case !final(err):
+	case code < 400, code == http.StatusUnauthorized, code == http.StatusRequestTimeout,
+		code == http.StatusConflict, code == http.StatusTooManyRequests:
 		res.outcome = writeFailed
 	default:
 		res.outcome = writeRefused
@@ -168,29 +171,11 @@ func classify(reached bool, err error) result {
 	return res
 }
 
-// final tells an answer that a retry cannot change: a 4xx other than 401
-// (a rotated token), 408, 409 and 429.
-func final(err error) bool {
-	switch code := statusCode(err); code {
-	case http.StatusUnauthorized, http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
-		return false
-	default:
-		return code >= 400 && code < 500
-	}
-}
-
 // statusCode is the HTTP status of a failed request, 0 when no answer came.
 func statusCode(err error) int {
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {
 		return int(status.Status().Code)
-	}
-	return 0
-}
-
-func retryAfter(err error) time.Duration {
-	if s, ok := apierrors.SuggestsClientDelay(err); ok {
-		return time.Duration(s) * time.Second
 	}
 	return 0
 }
