@@ -181,15 +181,8 @@ func (q *ends) remove(end *entry) {
 
 // trim keeps the oldest limit ends; one whose write is in flight is left to it.
 func (q *ends) trim(limit int) {
-	if len(q.list) <= limit {
-		return
+	if len(q.list) > limit {
+		kept := slices.DeleteFunc(q.list[limit:], func(e *entry) bool { return e.inflight == 0 })
+		q.list = q.list[:limit+len(kept)]
 	}
-	kept := q.list[:0]
-	for i, e := range q.list {
-		if i < limit || e.inflight != 0 {
-			kept = append(kept, e)
-		}
-	}
-	clear(q.list[len(kept):])
-	q.list = kept
 }

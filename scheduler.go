@@ -3,6 +3,7 @@ package k8s_event
 import (
 	"cmp"
 	"container/heap"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -121,7 +122,8 @@ func (s *scheduler) apply(set config, now time.Time) {
 			s.place(e)
 		}
 	}
-	for _, e := range s.settlingEntries() {
+	oldest := func(a, b *entry) int { return cmp.Or(a.first.Compare(b.first), cmp.Compare(a.seq, b.seq)) }
+	for _, e := range slices.SortedFunc(maps.Keys(s.settling), oldest) {
 		if len(s.settling) <= set.cacheSize {
 			break
 		}
@@ -353,16 +355,6 @@ func (s *scheduler) unqueue(e *entry) {
 	default:
 		s.queues[bucketOf(e)].remove(e)
 	}
-}
-
-// settlingEntries lists the settling entries, oldest first.
-func (s *scheduler) settlingEntries() []*entry {
-	out := make([]*entry, 0, len(s.settling))
-	for e := range s.settling {
-		out = append(out, e)
-	}
-	slices.SortFunc(out, func(a, b *entry) int { return cmp.Or(a.first.Compare(b.first), cmp.Compare(a.seq, b.seq)) })
-	return out
 }
 
 func bucketOf(e *entry) level {
