@@ -185,21 +185,12 @@ var classes = func() (t [256]charClass) {
 	for c := range t {
 		t[c] = classOther
 	}
-	set := func(chars string, k charClass) {
-		for i := 0; i < len(chars); i++ {
-			t[chars[i]] = k
+	// The bytes of each class, in the order of the classes.
+	for i, chars := range []string{"0123456789", "abcdefABCDEF", "hmnsu\xc2\xb5", "xX", ".", ":", "-", "+", "=", ">"} {
+		for _, c := range []byte(chars) {
+			t[c] = 1 << i
 		}
 	}
-	set("abcdefABCDEF", classHexLetter)
-	set("hmnsu\xc2\xb5", classUnit)
-	set("xX", classX)
-	set("0123456789", classDigit)
-	set(".", classDot)
-	set(":", classColon)
-	set("-", classDash)
-	set("+", classPlus)
-	set("=", classEq)
-	set(">", classGt)
 	return t
 }()
 
@@ -284,30 +275,21 @@ func isHexDigit(c byte) bool {
 
 // isDuration: one or more number-unit pairs, as Go prints a time.Duration.
 func isDuration(w string) bool {
-	if w[0] == '-' {
-		w = w[1:]
-	}
+	w = strings.TrimPrefix(w, "-")
 	if w == "" {
 		return false
 	}
 	for w != "" {
-		i := 0
-		for i < len(w) && (w[i] >= '0' && w[i] <= '9' || w[i] == '.') {
-			i++
-		}
-		if i == 0 {
-			return false
-		}
-		w = w[i:]
+		unit := strings.TrimLeft(w, "0123456789.")
 		switch {
-		case w == "":
+		case len(unit) == len(w) || unit == "": // no number, or no unit
 			return false
-		case len(w) > 1 && w[1] == 's' && (w[0] == 'n' || w[0] == 'u' || w[0] == 'm'):
-			w = w[2:]
-		case strings.HasPrefix(w, "µs"):
-			w = w[len("µs"):]
-		case w[0] == 'h' || w[0] == 'm' || w[0] == 's':
-			w = w[1:]
+		case len(unit) > 1 && unit[1] == 's' && strings.IndexByte("num", unit[0]) >= 0:
+			w = unit[2:]
+		case strings.HasPrefix(unit, "µs"):
+			w = unit[len("µs"):]
+		case strings.IndexByte("hms", unit[0]) >= 0:
+			w = unit[1:]
 		default:
 			return false
 		}
