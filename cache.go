@@ -53,6 +53,7 @@ type cache struct {
 	entries         map[eventKey]*entry
 	size            int
 	evicted         func(*entry)
+	members         int // entries of one member's lines
 	written, storms list.List
 	pending         map[windowKey]*group
 	most            groups
@@ -72,6 +73,9 @@ func (c *cache) add(e *entry) {
 	for len(c.entries) >= c.size && c.evictOne() {
 	}
 	c.entries[e.key] = e
+	if e.key.member != "" {
+		c.members++
+	}
 	c.place(e, true)
 }
 
@@ -81,7 +85,14 @@ func (c *cache) place(e *entry, seen bool) {
 	if e.in == nil && c.entries[e.key] != e {
 		return // evicted, or an end
 	}
-	if !seen && c.queueOf(e) == e.in {
+	if seen && e.in != nil && e.in != &c.written && e.in != &c.storms && (e.inflight != 0 || e.pending() > 0 && e.dropped == 0) {
+		e.in.MoveToBack(e.elem) // stays in its group, which keeps its size: the heap stays
+		return
+	}
+	if c.queueOf(e) == e.in {
+		if seen {
+			e.in.MoveToBack(e.elem)
+		}
 		return
 	}
 	c.unlink(e) // first: a group left empty leaves the heap
@@ -153,6 +164,9 @@ func (c *cache) evictOne() bool {
 		}
 		c.unlink(e)
 		delete(c.entries, e.key)
+		if e.key.member != "" {
+			c.members--
+		}
 		c.evicted(e)
 		return true
 	}

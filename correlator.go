@@ -116,6 +116,8 @@ func (w *window) spend(at time.Duration) {
 type correlator struct {
 	cache   *cache
 	windows map[windowKey]*window
+	lastKey windowKey // of last, the window used last
+	last    *window
 	origin  time.Time // a budgetWindow before the first line: no window's zero is within one
 	seq     uint64
 	quiet   time.Duration // the scheduler's: storms' paces count lines in slots of it
@@ -220,11 +222,14 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	}
 	own := key
 	own.member = m
-	if o, ok := c.cache.get(own); ok {
-		return own, o, true, m
+	if c.cache.members > 0 { // else none to find
+		if o, ok := c.cache.get(own); ok {
+			return own, o, true, m
+		}
 	}
 	if e.hitters != nil && e.hitters.upperBound(m)+1 >= promoteAt && spent < ownEvents+maxShapes {
 		w.spend(at)
+		own.member = strings.Clone(m) // the key must not keep the line
 		return own, nil, false, m
 	}
 	return key, e, true, m
@@ -233,7 +238,11 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 // window is the budget of wk. Beyond maxWindows, those unused for
 // budgetWindow go first.
 func (c *correlator) window(wk windowKey, at time.Duration) *window {
+	if c.last != nil && c.lastKey == wk { // a storm is of one plugin and level
+		return c.last
+	}
 	if w, ok := c.windows[wk]; ok {
+		c.lastKey, c.last = wk, w
 		return w
 	}
 	if len(c.windows) >= maxWindows {
@@ -244,6 +253,7 @@ func (c *correlator) window(wk windowKey, at time.Duration) *window {
 	}
 	w := &window{}
 	c.windows[wk] = w
+	c.lastKey, c.last = wk, w
 	return w
 }
 

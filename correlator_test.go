@@ -393,3 +393,21 @@ func TestClientNamesWithAPlusAreOneShape(t *testing.T) {
 		t.Errorf("the refusal joined the other shapes: eleven client names with a '+' took the %d combined shapes:\n%s", maxShapes, strings.Join(shapes, "\n"))
 	}
 }
+
+// BenchmarkObserveStorm times the scheduler's work for a line of an error
+// storm of distinct names, as the storm benchmark's queries make them: past
+// the budget every line joins the combined event of its shape, its member
+// counted, its flow paced.
+func BenchmarkObserveStorm(b *testing.B) {
+	cfg := testConfig(all, defaultQPS, defaultBurst, defaultCacheSize)
+	cfg.quiet = defaultQuiet
+	h, _, clk := newTestHarness(b, cfg)
+	lines := make([]line, 4096)
+	for i := range lines {
+		lines[i] = ln(levelError, "errors", fmt.Sprintf("2 q%d.fail.logline. A: logline: injected failure", i), clk.Now())
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		h.observe(lines[i%len(lines)])
+	}
+}

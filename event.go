@@ -62,7 +62,17 @@ func escapeControls(s string) string {
 // indexHidden is strings.IndexFunc(s, hidden), without a call per
 // printable byte of ASCII.
 func indexHidden(s string) int {
-	for i := 0; i < len(s); {
+	i := 0
+	for ; i+8 <= len(s); i += 8 { // eight bytes at a time while all are printable ASCII
+		b := s[i : i+8]
+		x := uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+		const ones, highs = 0x0101010101010101, 0x8080808080808080
+		if ((x-ones*' ')|(x+ones*(0x80-0x7f))|x)&highs != 0 {
+			break // a byte below ' ', from DEL up, or not ASCII: look at each
+		}
+	}
+	for i < len(s) {
 		if c := s[i]; c-' ' < utf8.RuneSelf-1-' ' || c == '\t' {
 			i++
 			continue

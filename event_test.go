@@ -331,3 +331,19 @@ func BenchmarkEventMessage(b *testing.B) {
 		})
 	}
 }
+
+// TestIndexHiddenFindsEveryByteAtEveryPlace: the first hidden character is
+// found wherever it falls, within or after the eight-byte steps, behind
+// bytes that border the printable range.
+func TestIndexHiddenFindsEveryByteAtEveryPlace(t *testing.T) {
+	for _, pad := range []byte{' ', '~', 'a', '\t'} {
+		for n := range 20 {
+			for c := range 256 {
+				s := strings.Repeat(string(pad), n) + string(rune(c)) + "tail"
+				if got, want := indexHidden(s), strings.IndexFunc(s, hidden); got != want {
+					t.Fatalf("indexHidden(%q) = %d, want %d", s, got, want)
+				}
+			}
+		}
+	}
+}

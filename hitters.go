@@ -31,10 +31,20 @@ const (
 )
 
 type hitter struct {
-	member     string
-	count, err int64 // count is an upper bound, count-err a lower bound
-	from       int64 // count when the current storm began
+	name       [maxMemberLen]byte // the member, in place: a line's member is a part of the line, not kept
+	n          uint8              // its length
+	hash       uint64             // of the member, with shapeSeed
+	count, err int64              // count is an upper bound, count-err a lower bound
+	from       int64              // count when the current storm began
 }
+
+func newHitter(member string, hash uint64, count, err int64) hitter {
+	s := hitter{n: uint8(len(member)), hash: hash, count: count, err: err}
+	copy(s.name[:], member)
+	return s
+}
+
+func (s *hitter) member() string { return string(s.name[:s.n]) }
 
 // low is a lower bound on the member's lines, or on those of the current
 // storm only.
@@ -61,6 +71,7 @@ func (h *hitters) add(member string, at time.Time) bool {
 	if member == "" {
 		return false
 	}
+	member = cutMember(member)
 	if at.Sub(h.since) >= budgetWindow {
 		h.sketch, h.since = [2][sketchWidth]uint8{}, at
 	}
@@ -70,20 +81,23 @@ func (h *hitters) add(member string, at time.Time) bool {
 			h.sketch[r][i]++
 		}
 	}
-	i := slices.IndexFunc(h.slots, func(s hitter) bool { return s.member == member })
+	i, least := -1, 0
+	for j := range h.slots {
+		if s := &h.slots[j]; s.hash == x && string(s.name[:s.n]) == member {
+			i = j
+			break
+		} else if s.count < h.slots[least].count {
+			least = j
+		}
+	}
 	switch {
 	case i >= 0:
 		h.slots[i].count++
 	case len(h.slots) < hitterSlots:
-		i, h.slots = len(h.slots), append(h.slots, hitter{member: member, count: 1})
+		i, h.slots = len(h.slots), append(h.slots, newHitter(member, x, 1, 0))
 	default:
-		i = 0
-		for j, s := range h.slots {
-			if s.count < h.slots[i].count {
-				i = j
-			}
-		}
-		h.slots[i] = hitter{member: member, count: h.slots[i].count + 1, err: h.slots[i].count}
+		i = least
+		h.slots[i] = newHitter(member, x, h.slots[i].count+1, h.slots[i].count)
 	}
 	return h.isTop(h.slots[i], false)
 }
@@ -128,7 +142,7 @@ func (h *hitters) names(storm bool) string {
 		if b.Len() > 0 {
 			sep = ", "
 		}
-		item := fmt.Sprintf("%s%s ≥%d", sep, s.member, s.low(storm))
+		item := fmt.Sprintf("%s%s ≥%d", sep, s.member(), s.low(storm))
 		if b.Len()+len(item) > maxHitters {
 			break
 		}
@@ -138,22 +152,42 @@ func (h *hitters) names(storm bool) string {
 }
 
 // member is what a line is about: its first DNS name, else its first IP
-// address without its port; empty if neither. At most maxMemberLen bytes.
+// address without its port; empty if neither. At most maxMemberLen bytes,
+// a part of msg.
 func member(msg string) string {
 	ip := ""
-	for w := range strings.FieldsSeq(msg) {
-		for part := range strings.SplitSeq(w, "->") {
-			part = strings.TrimRightFunc(strings.TrimLeft(part, "({\"'<"), func(r rune) bool { return r < utf8.RuneSelf && closing[r] })
+	for i := 0; i < len(msg); {
+		j := i
+		for j < len(msg) && msg[j] != ' ' && msg[j] != '\t' {
+			j++
+		}
+		w := msg[i:j]
+		i = j + 1
+		if strings.IndexByte(w, '.') < 0 && strings.IndexByte(w, ':') < 0 { // neither a name nor an address
+			continue
+		}
+		for w != "" {
+			part, rest, _ := strings.Cut(w, "->")
+			w = rest
+			for part != "" && memberOpen[part[0]] {
+				part = part[1:]
+			}
+			for part != "" && closing[part[len(part)-1]] {
+				part = part[:len(part)-1]
+			}
 			switch {
 			case isName(part):
 				return cutMember(part)
-			case ip == "":
+			case ip == "" && (strings.IndexByte(part, '.') >= 0 || strings.IndexByte(part, ':') >= 0):
 				ip = hostOf(part)
 			}
 		}
 	}
 	return ip
 }
+
+// memberOpen are the bytes that may open a member's word.
+var memberOpen = byteSet(`({"'<`)
 
 // hostOf is the IP address of a word, its port cut; empty if none.
 func hostOf(w string) string {
@@ -168,5 +202,12 @@ func hostOf(w string) string {
 
 // cutMember keeps at most maxMemberLen bytes of m, whole runes only.
 func cutMember(m string) string {
-	return strings.Clone(strings.ToValidUTF8(m[:min(len(m), maxMemberLen)], "")) // not the line
+	if len(m) <= maxMemberLen {
+		return m
+	}
+	i := maxMemberLen
+	for i > 0 && !utf8.RuneStart(m[i]) {
+		i--
+	}
+	return m[:i]
 }

@@ -102,7 +102,15 @@ func (s *scheduler) observe(ln line) bool {
 	if ln.at.After(s.observed) {
 		s.observed = ln.at
 	}
-	s.place(e)
+	if in := e.slot.in; in != nil && in != &s.timers {
+		// Waiting for a token: its place is by when it began to wait, which
+		// a line does not change, but its bucket may be empty by now.
+		if s.buckets[bucketOf(e)].wait(s.now) > 0 {
+			s.deferred(e, bucketOf(e))
+		}
+	} else {
+		s.place(e)
+	}
 	settled := s.settled
 	s.settled = false
 	return settled || e.pending() == 1 && e.inflight == 0

@@ -393,7 +393,7 @@ func isName(w string) bool {
 		}
 		labelLen++
 	}
-	return letter && dot && labelLen > 0 && !strings.Contains(w, "://") // a URL
+	return letter && dot && labelLen > 0 && (strings.IndexByte(w, ':') < 0 || !strings.Contains(w, "://")) // a URL
 }
 
 // escapeLen is the length of the escape w starts with: CoreDNS's \DDD and
