@@ -2,6 +2,7 @@ package k8s_event
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -47,6 +48,7 @@ type faultStats struct {
 	seeds, steps, lines, fatals, reloads, expiries, stops int
 	requests, refused                                     int
 	ends                                                  int // end events seen written
+	firsts, ordered                                       int // first lines checked written in their bound; requests checked in order
 	injected                                              map[string]int
 }
 
@@ -71,9 +73,9 @@ func TestFaultModel(t *testing.T) {
 	for _, k := range kinds {
 		fmt.Fprintf(&b, " %s=%d", k, stats.injected[k])
 	}
-	t.Logf("%d seeds in %v: %d steps, %d lines, %d fatal lines, %d reloads, %d expiries, %d stops, %d storm ends; %d requests reached the API, %d refused before; faults:%s",
+	t.Logf("%d seeds in %v: %d steps, %d lines, %d fatal lines, %d reloads, %d expiries, %d stops, %d storm ends; %d requests reached the API, %d refused before; %d handed out in order, %d first lines written within their bound; faults:%s",
 		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.fatals, stats.reloads, stats.expiries, stats.stops,
-		stats.ends, stats.requests, stats.refused, b.String())
+		stats.ends, stats.requests, stats.refused, stats.ordered, stats.firsts, b.String())
 }
 
 // apiMode is how the API behaves during a step.
@@ -107,6 +109,11 @@ type model struct {
 
 	quiet    time.Duration     // of every configuration of the run; 0: off
 	endNames map[string]string // the name of the end event of each end message seen
+
+	order  *tokenOrder  // the stepped model's reference of the token order
+	firsts []*firstLine // lines of plugins that had nothing pending, until checked
+	back   time.Time    // when the API last came back from an outage
+	qps    float64      // the rate in effect
 }
 
 var (
@@ -130,7 +137,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.api.setFault(m.fault)
 
 	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
-	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
+	m.maxBurst, m.maxQPS, m.qps = cfg.burst, cfg.qps, cfg.qps
 	if m.rng.IntN(4) != 0 { // storms end after a quiet of 30 s to 3 min
 		m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
 	}
@@ -150,6 +157,8 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.h.lostAfter = writeTimeout
 	m.h.writeTimeout = 250 * time.Millisecond
 	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
+	m.watchOrder()
+	m.back = m.clk.Now().Add(-recoveryBound) // no outage before
 	// A quarter of the answers come back late, up to a second, and so out
 	// of the order of their requests, after later dispatches.
 	m.h.hold = func(request) time.Duration {
@@ -269,12 +278,13 @@ func (m *model) step() error {
 	m.stats.steps++
 	if m.rng.IntN(4) == 0 {
 		modes := []apiMode{apiHealthy, apiRefusing, apiSilent, apiFlaky, apiFlaky}
-		m.mode = modes[m.rng.IntN(len(modes))]
+		m.setMode(modes[m.rng.IntN(len(modes))])
 	}
 	for range m.rng.IntN(12) {
 		m.line()
+		m.h.take()
+		m.noteFirst()
 	}
-	m.h.take()
 	switch r := m.rng.IntN(40); {
 	case r < 3:
 		cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
@@ -287,6 +297,7 @@ func (m *model) step() error {
 		cfg.quiet = m.quiet
 		m.maxBurst, m.maxQPS = max(m.maxBurst, cfg.burst), max(m.maxQPS, cfg.qps)
 		m.h.apply(cfg)
+		m.reloaded(cfg.qps)
 		m.stats.reloads++
 	case r < 5:
 		m.expired += m.api.expire()
@@ -445,6 +456,14 @@ func (m *model) check() error {
 	if settling > cacheSize || cached > cacheSize {
 		return fmt.Errorf("%d entries cached and %d settling, cache size %d", cached, settling, cacheSize)
 	}
+	if m.p == nil { // the stepped model: the order of every dispatch, the wait of first lines
+		if err := errors.Join(m.h.failed...); err != nil {
+			return err
+		}
+		if err := m.checkFirsts(); err != nil {
+			return err
+		}
+	}
 	return m.checkBound()
 }
 
@@ -521,7 +540,7 @@ const recoveryBound = writeTimeout + retryMax + retryMax/5
 // recover brings the API back for good and checks that every pending
 // event lands within recoveryBound, as far as the tokens allow.
 func (m *model) recover() error {
-	m.mode = apiHealthy
+	m.setMode(apiHealthy)
 	back := m.clk.Now()
 	m.h.advance(recoveryBound)
 	return m.recovered(back)
@@ -582,5 +601,155 @@ func (m *model) stop() error {
 			return fmt.Errorf("%q was dropped at a healthy stop with a %s token left; entry %+v", e.key.message, bucketName(b), *e)
 		}
 	}
+	return nil
+}
+
+// firstLine is a line of a plugin that had nothing pending in its reason
+// when it was logged: README.md bounds its wait.
+type firstLine struct {
+	e      *entry
+	n      int64           // it is written by a write of e that carries n lines
+	at     time.Time       // logged
+	others map[string]bool // other plugins of its reason with lines waiting before it is written
+	qps    float64         // the least rate in effect since
+	read   bool            // the pod's UID was still to read
+	outage bool            // the API was down or failing since
+	landed time.Time
+}
+
+// watchOrder holds every dispatch to the reference of the token order,
+// and notes when the write of each first line lands.
+func (m *model) watchOrder() {
+	m.order = newTokenOrder()
+	m.h.dispatch = func(now time.Time) ([]request, time.Time) {
+		reqs, wake, err := m.order.dispatch(m.h.s, now)
+		m.stats.ordered += len(reqs)
+		if err != nil && len(m.h.failed) == 0 {
+			m.h.failed = append(m.h.failed, err)
+		}
+		return reqs, wake
+	}
+	m.h.sent = func(r request, res result) {
+		f := m.h.s.flights[r.id]
+		if f.e == nil || f.read {
+			return
+		}
+		m.order.answered(f.e, res)
+		upTo := int64(-1)
+		switch {
+		case res.outcome == writeOK:
+			upTo = f.e.base + f.count
+		case res.outcome == writeExists && f.retry:
+			upTo = f.e.triedCount
+		}
+		for _, l := range m.firsts {
+			if l.e == f.e && l.landed.IsZero() && upTo >= l.n {
+				l.landed = m.clk.Now()
+			}
+		}
+	}
+}
+
+// setMode sets how the API behaves from now on.
+func (m *model) setMode(mode apiMode) {
+	if mode != apiHealthy {
+		for _, l := range m.firsts {
+			l.outage = true
+		}
+	} else if m.mode != apiHealthy {
+		m.back = m.clk.Now()
+	}
+	m.mode = mode
+}
+
+// reloaded takes a reload to rate qps.
+func (m *model) reloaded(qps float64) {
+	m.qps = qps
+	for _, l := range m.firsts {
+		l.qps = min(l.qps, qps)
+	}
+	m.order.reloaded()
+}
+
+// noteFirst looks at the line just taken: when its plugin had nothing
+// pending in its reason, its wait is bounded.
+func (m *model) noteFirst() {
+	var e *entry
+	for _, x := range m.h.s.corr.cache.values() {
+		if e == nil || x.seq > e.seq {
+			e = x
+		}
+	}
+	if e == nil || e.dropped > 0 {
+		return
+	}
+	waiting := map[string]bool{} // other plugins of its reason with lines waiting
+	busy := e.pending() > 1
+	for _, x := range entriesOf(m.h.s) {
+		if x == e || x.key.level != e.key.level || x.pending() == 0 || x.dropped > 0 {
+			continue
+		}
+		if x.key.plugin == e.key.plugin {
+			busy = true
+		} else {
+			waiting[x.key.plugin] = true
+		}
+	}
+	for _, l := range m.firsts {
+		if l.landed.IsZero() && l.e.key.level == e.key.level && l.e.key.plugin != e.key.plugin {
+			l.others[e.key.plugin] = true
+		}
+	}
+	if busy {
+		return
+	}
+	m.firsts = append(m.firsts, &firstLine{e: e, n: e.seen, at: m.clk.Now(), others: waiting, qps: m.qps,
+		read: m.h.s.pod.lookup, outage: m.mode != apiHealthy || m.clk.Since(m.back) < recoveryBound})
+}
+
+// checkFirsts holds the first lines to README.md's bound: with the API
+// answering, one refill for the line and one for each other plugin of its
+// reason with lines waiting before it is written, plus the write's own
+// time and the pod's read when the UID is to read; after an outage (or
+// within recoveryBound of one), that plus recoveryBound from the API's
+// return. The bound is on the monotonic clock.
+func (m *model) checkFirsts() error {
+	now := m.clk.Now()
+	kept := m.firsts[:0]
+	for _, l := range m.firsts {
+		if l.e.evicted || m.h.s.stopping {
+			continue // dropped, or written in the flush as far as its time allows
+		}
+		bound := time.Duration(float64(1+len(l.others))/l.qps*float64(time.Second)) + writeTimeout
+		if l.read {
+			bound += writeTimeout
+		}
+		deadline := l.at.Add(bound)
+		if l.outage {
+			if m.mode != apiHealthy {
+				kept = append(kept, l)
+				continue
+			}
+			deadline = l.at
+			if m.back.After(deadline) {
+				deadline = m.back
+			}
+			deadline = deadline.Add(bound + recoveryBound)
+		}
+		switch {
+		case !l.landed.IsZero() && l.landed.After(deadline), l.landed.IsZero() && now.After(deadline):
+			written := "not yet"
+			if !l.landed.IsZero() {
+				written = l.landed.Sub(l.at).String() + " after"
+			}
+			return fmt.Errorf("%q of a plugin with nothing pending in its reason, logged %v after the API was last back, written %s, bound %v (other plugins waiting: %d, rate %v, pod read: %v, after an outage: %v)",
+				l.e.message, l.at.Sub(m.back), written, deadline.Sub(l.at), len(l.others), l.qps, l.read, l.outage)
+		case l.landed.IsZero():
+			kept = append(kept, l)
+		default:
+			m.stats.firsts++
+		}
+	}
+	m.firsts = kept
 	return nil
 }

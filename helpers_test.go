@@ -72,9 +72,12 @@ type harness struct {
 	client       kubernetes.Interface
 	writeTimeout time.Duration // real time, for each request to the fake API
 	lostAfter    time.Duration
-	hold         func(request) time.Duration // how long the answer of a request is held back; nil: none
-	later        []delayed                   // results still to come, by time
-	reports      []error                     // what the scheduler said of failed writes
+	hold         func(request) time.Duration                // how long the answer of a request is held back; nil: none
+	dispatch     func(now time.Time) ([]request, time.Time) // the scheduler's dispatch, or a model's around it
+	sent         func(r request, res result)                // shown each answer as the API gives it, before the scheduler has it
+	later        []delayed                                  // results still to come, by time
+	reports      []error                                    // what the scheduler said of failed writes
+	failed       []error                                    // what a model found wrong while it ran
 }
 
 type delayed struct {
@@ -99,6 +102,7 @@ type testClock interface {
 func newHarnessOn(t testing.TB, cfg config, api *fakeAPI, clk testClock, pod podIdentity) *harness {
 	h := &harness{t: t, clk: clk, api: api, client: api.client, writeTimeout: writeTimeout}
 	h.s = newScheduler(cfg, pod, clk.Now())
+	h.dispatch = h.s.dispatch
 	h.listener = newListener(clk, h.fatal)
 	h.levels.Store(uint32(cfg.levels))
 	h.s.backlog = func() int { return len(h.lines) }
@@ -149,7 +153,7 @@ func (h *harness) run() time.Time {
 			h.later = h.later[1:]
 			h.s.outcome(res, now)
 		}
-		reqs, wake := h.s.dispatch(now)
+		reqs, wake := h.dispatch(now)
 		if len(reqs) == 0 {
 			return wake
 		}
@@ -165,6 +169,9 @@ func (h *harness) send(r request) {
 	ctx, cancel := context.WithTimeout(context.Background(), h.writeTimeout)
 	res := do(ctx, h.client, r)
 	cancel()
+	if h.sent != nil {
+		h.sent(r, res)
+	}
 	after := time.Duration(0)
 	if h.hold != nil {
 		after = h.hold(r)

@@ -1237,7 +1237,7 @@ func TestPassThatReadsThePodIsLogarithmic(t *testing.T) {
 
 // TestQuietPluginsLineIsNotHeldBehindAnotherPluginsRecreate: with the API
 // answering, a line of a plugin with nothing pending waits at most (1 +
-// the other plugins waiting on their first event) refills (README). A
+// the other plugins waiting before it is written) refills (README). A
 // loud plugin whose written event the API server's event TTL removed (1 h
 // by default: the normal course, no outage) takes one token for the
 // patch, then, its patch answered 404, the next one for the re-create:
@@ -1337,4 +1337,28 @@ func TestQuietPluginsLineIsNotHeldBySlowWritesOfALoudOne(t *testing.T) {
 		}
 	}
 	t.Errorf("reload's line, its plugin with nothing pending, is not written %v after it was logged (bound %v), though every write answers in %v: its create was sent %v after the line", clk.Since(logged), bound, slow, sent)
+}
+
+// TestPluginWaitingOnAnUpdateGoesOnceBeforeAQuietPluginsLine: the plugins
+// with lines waiting count in the bound of a quiet plugin's line whether
+// they wait on a new event or on an update: one served before the quiet
+// plugin was last goes ahead of its line once, and once only.
+func TestPluginWaitingOnAnUpdateGoesOnceBeforeAQuietPluginsLine(t *testing.T) {
+	const refill = 300 * time.Second
+	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
+	h.observe(ln(levelError, "p", "upstream A down", clk.Now()))
+	drain(h)                                                     // p's event is written: p served first
+	h.observe(ln(levelError, "p", "upstream A down", clk.Now())) // an update of p waits
+	h.observe(ln(levelError, "q", "upstream B down", clk.Now()))
+	h.advance(refill) // q, never served, goes before p: B is written
+	logged := clk.Now()
+	h.observe(ln(levelError, "q", "reload failed", logged)) // q has nothing pending
+	h.advance(2*refill + writeTimeout)
+	var order []string
+	for _, r := range eventRequests(api) {
+		order = append(order, r.verb)
+	}
+	if got := strings.Join(order, " "); got != "create create patch create" {
+		t.Errorf("requests %q, want p's create, q's, p's update, then q's new line", got)
+	}
 }

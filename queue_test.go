@@ -1,0 +1,209 @@
+package k8s_event
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// tokenOrder is a reference for the order in which a bucket's entries take
+// its tokens, as README.md and docs/design.md state it, which the stepped
+// fault model holds every dispatch to. It keeps its own record of who was
+// served when, from the requests it is shown in the order they were handed
+// out; of the scheduler it reads only what waits: the entries, their
+// plugin, shape, whether written, whether settling, and the order in which
+// they began to wait.
+//
+//   - Entries settling go first, the oldest first.
+//   - Then the plugins, least recently served first: a plugin served later
+//     than another that waits does not go before it.
+//   - Within a plugin its shapes the same way: a shape that has waited
+//     without a break since it was served does not go again before another
+//     shape of its plugin that has not been served since.
+//   - Within a shape, new events (never written, or whose patch found them
+//     gone) and updates alternate when both wait, new first: new whenever
+//     the shape last served an update or starts anew, an update after a new
+//     one while the shape waited without a break.
+//   - Within each, the entry that began to wait first.
+//
+// A shape that waits again after a break starts anew, placed by its event
+// served last, which the record cannot tell apart from a break: the checks
+// that need a shape's continuity make them only when an entry of it has
+// waited, untouched, since its latest serve.
+type tokenOrder struct {
+	buckets [numBuckets]*orderBucket
+	gone    map[*entry]bool // entries whose patch found the event gone, until served
+}
+
+type orderBucket struct {
+	turn    uint64
+	plugins map[string]uint64 // the turn each plugin was last served
+	shapes  map[shapeID]*shapeTurn
+}
+
+type shapeID struct {
+	plugin string
+	shape  uint64
+}
+
+// shapeTurn is the record of a shape's latest serve.
+type shapeTurn struct {
+	turn  uint64
+	fresh bool             // it served a new event
+	left  map[*entry]int64 // the entries of the shape left waiting, with their lines then
+}
+
+func newTokenOrder() *tokenOrder {
+	o := &tokenOrder{gone: map[*entry]bool{}}
+	for b := range o.buckets {
+		o.buckets[b] = &orderBucket{plugins: map[string]uint64{}, shapes: map[shapeID]*shapeTurn{}}
+	}
+	return o
+}
+
+// answered takes the answer to the request of e.
+func (o *tokenOrder) answered(e *entry, res result) {
+	if e != nil && res.outcome == writeGone {
+		o.gone[e] = true
+	}
+}
+
+// reloaded forgets what a reload may have broken: every entry waits anew.
+func (o *tokenOrder) reloaded() {
+	for _, b := range o.buckets {
+		for _, st := range b.shapes {
+			st.left = nil
+		}
+	}
+}
+
+// dispatch runs a dispatch of s at now and checks its requests, in the
+// order they were handed out. What waited when it began is what waits
+// after it and what it served.
+func (o *tokenOrder) dispatch(s *scheduler, now time.Time) ([]request, time.Time, error) {
+	inFlush := map[*entry]bool{} // in the flush, a re-create waits with the entries settling
+	for e := range o.gone {
+		if s.stopping && (e.slot.in == &s.queues[bucketOf(e)].settling || e.slot.in == &s.timers) {
+			inFlush[e] = true
+		}
+	}
+	reqs, wake := s.dispatch(now)
+	return reqs, wake, o.dispatched(s, reqs, inFlush)
+}
+
+func (o *tokenOrder) dispatched(s *scheduler, reqs []request, inFlush map[*entry]bool) error {
+	var waiting [numBuckets][]*entry
+	for _, e := range append(entriesOf(s), s.ends.list...) {
+		if e.slot.in != nil && e.slot.in != &s.timers {
+			waiting[bucketOf(e)] = append(waiting[bucketOf(e)], e)
+		}
+	}
+	for _, r := range reqs {
+		if f := s.flights[r.id]; f.e != nil && !f.read {
+			waiting[f.bucket] = append(waiting[f.bucket], f.e)
+		}
+	}
+	settling := func(e *entry) bool {
+		_, ok := s.settling[e]
+		return ok || inFlush[e]
+	}
+	for _, r := range reqs {
+		f := s.flights[r.id]
+		if f.e == nil || f.read {
+			continue
+		}
+		w := waiting[f.bucket]
+		if err := o.buckets[f.bucket].served(f.e, w, settling, o.gone); err != nil {
+			return fmt.Errorf("%s bucket, turn %d: %w", bucketName(f.bucket), o.buckets[f.bucket].turn, err)
+		}
+		delete(o.gone, f.e)
+		for i, x := range w {
+			if x == f.e {
+				waiting[f.bucket] = append(w[:i:i], w[i+1:]...)
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// turnShape is the shape of an entry's line, or a combined event's shape.
+func turnShape(e *entry) shapeID {
+	if e.key.combined() {
+		return shapeID{e.key.plugin, e.key.shape}
+	}
+	return shapeID{e.key.plugin, shapeHash(strings.TrimPrefix(e.key.message, e.key.plugin))}
+}
+
+// served checks that e may take the token while the entries w wait, e
+// among them, and records it.
+func (b *orderBucket) served(e *entry, w []*entry, settling func(*entry) bool, gone map[*entry]bool) error {
+	fresh := func(x *entry) bool { return x.carried == 0 || gone[x] }
+	if settling(e) {
+		for _, x := range w {
+			if settling(x) && x.slot.stamp < e.slot.stamp {
+				return fmt.Errorf("settling %q went before settling %q, which waited longer", e.message, x.message)
+			}
+		}
+		return nil
+	}
+	for _, x := range w {
+		if settling(x) {
+			return fmt.Errorf("%q went before %q, which is settling", e.message, x.message)
+		}
+	}
+	p, sh := e.key.plugin, turnShape(e)
+	st := b.shapes[sh]
+	if st == nil {
+		st = &shapeTurn{}
+		b.shapes[sh] = st
+	}
+	unbroken := false // the shape has waited without a break since its latest serve
+	for _, x := range w {
+		if n, ok := st.left[x]; ok && x.seen == n && !settling(x) {
+			unbroken = true
+		}
+	}
+	var news, updates int
+	for _, x := range w {
+		xs := turnShape(x)
+		switch {
+		case x.key.plugin != p:
+			if b.plugins[x.key.plugin] < b.plugins[p] {
+				return fmt.Errorf("plugin %q (served at turn %d) went before plugin %q (turn %d), which waits", p, b.plugins[p], x.key.plugin, b.plugins[x.key.plugin])
+			}
+		case xs != sh:
+			if other := b.shapes[xs]; unbroken && (other == nil || other.turn < st.turn) {
+				return fmt.Errorf("a shape of %q served at turn %d went again before another of its shapes, which waits (%q)", p, st.turn, x.message)
+			}
+		case fresh(x) == fresh(e) && x.slot.stamp < e.slot.stamp:
+			return fmt.Errorf("%q went before %q of its shape and kind, which began to wait first", e.message, x.message)
+		case fresh(x):
+			news++
+		default:
+			updates++
+		}
+	}
+	if fresh(e) {
+		news++
+	} else {
+		updates++
+	}
+	if news > 0 && updates > 0 {
+		switch {
+		case !st.fresh && !fresh(e):
+			return fmt.Errorf("update %q went before a new event of its shape, which last served an update", e.message)
+		case st.fresh && unbroken && fresh(e):
+			return fmt.Errorf("new %q went right after a new event of its shape, while an update waited", e.message)
+		}
+	}
+	b.turn++
+	b.plugins[p] = b.turn
+	st.turn, st.fresh, st.left = b.turn, fresh(e), map[*entry]int64{}
+	for _, x := range w {
+		if x != e && turnShape(x) == sh {
+			st.left[x] = x.seen
+		}
+	}
+	return nil
+}
