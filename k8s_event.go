@@ -110,7 +110,7 @@ func (inst *instance) startup() error {
 		client, err := kubeapi.Client(b)
 		if err != nil || client == nil {
 			inst.mu.Unlock()
-			return fmt.Errorf("%s: the kubeapi plugin must be enabled in the same server block (%s)", pluginName, blockName(b))
+			return fmt.Errorf("%s: the kubeapi plugin must be enabled in the same server block (%s:%s)", pluginName, b.Zone, b.Port)
 		}
 		if inst.client == nil {
 			inst.client = client
@@ -118,13 +118,6 @@ func (inst *instance) startup() error {
 	}
 	inst.mu.Unlock()
 	return global.attach(inst)
-}
-
-func blockName(b *dnsserver.Config) string {
-	if b == nil {
-		return "?"
-	}
-	return b.Zone + ":" + b.Port
 }
 
 func (inst *instance) shutdown() error { global.shutdown(inst); return nil }

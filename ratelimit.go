@@ -88,10 +88,8 @@ func (b *bucket) take(id uint64, now time.Time) bool {
 		return false
 	}
 	b.bounds = append(b.bounds, bound{v: b.burst, ids: map[uint64]struct{}{}})
-	for _, bd := range b.bounds {
-		bd.ids[id] = struct{}{}
-	}
 	for i := range b.bounds {
+		b.bounds[i].ids[id] = struct{}{}
 		b.bounds[i].v--
 	}
 	b.out[id] = struct{}{}
@@ -161,10 +159,7 @@ const (
 // at retryMax, plus up to 20% jitter, and never shorter than what the API
 // asked for.
 func backoff(r *rand.Rand, n int, asked time.Duration) time.Duration {
-	d := retryMax
-	if n <= 7 {
-		d = min(retryBase<<(n-1), retryMax)
-	}
+	d := min(retryBase<<min(n-1, 7), retryMax)
 	d += time.Duration(r.Int64N(int64(d)/5 + 1))
 	return max(d, asked)
 }

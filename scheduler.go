@@ -310,10 +310,7 @@ func (s *scheduler) place(e *entry) {
 		s.watch(e)
 		return
 	}
-	at := e.retryAt
-	if e.asked.After(at) {
-		at = e.asked
-	}
+	at := slices.MaxFunc([]time.Time{e.retryAt, e.asked}, time.Time.Compare)
 	switch {
 	case s.stopping && at.After(s.deadline): // never sent: dropped when the flush ends
 	case at.After(s.now):
@@ -444,7 +441,8 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	delete(s.flights, res.id)
 	s.now = now
 	s.buckets[f.bucket].settle(res.id, res.reached, now)
-	if q := s.queues[f.bucket]; f.e != nil && !f.read { // its plugin has one fewer out
+	if q := s.queues[f.bucket]; f.e != nil { // its plugin has one fewer out
+		f.e.inflight = 0
 		if q.flying[f.e.key.plugin]--; q.flying[f.e.key.plugin] <= 0 {
 			delete(q.flying, f.e.key.plugin)
 		}
@@ -462,10 +460,8 @@ func (s *scheduler) outcome(res result, now time.Time) {
 			eventWrites.WithLabelValues(levelFatal.reason(), "create").Inc()
 		}
 	case f.e.end != nil:
-		f.e.inflight = 0
 		s.endDone(f.e, f, res, now)
 	default:
-		f.e.inflight = 0
 		s.linesDone(f.e, f, res, now)
 		s.corr.place(f.e)
 		s.retire(f.e)
@@ -520,12 +516,10 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 // endDone books the result of a write of an end.
 func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
 	expected, waits := "", false
-	switch res.outcome {
-	case writeOK, writeExists:
-		if res.outcome == writeExists && !f.retry { // the name is another's: take a new one
-			e.tried, expected, waits = "", "name_taken", true
-			break
-		}
+	switch {
+	case res.outcome == writeExists && !f.retry: // the name is another's: take a new one
+		e.tried, expected, waits = "", "name_taken", true
+	case res.outcome == writeOK, res.outcome == writeExists:
 		if res.outcome == writeExists {
 			expected = "exists" // written by an earlier try
 		}
@@ -533,7 +527,7 @@ func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
 		e.name, e.tried = f.name, ""
 		eventWrites.WithLabelValues(endReason(e.key.level), "create").Inc()
 		ended[e.key.level].Inc()
-	case writeRefused: // said once in the log; the end is given up
+	case res.outcome == writeRefused: // said once in the log; the end is given up
 		s.ends.remove(e)
 		s.report(now, res.err)
 	default:

@@ -71,7 +71,6 @@ type result struct {
 	retryAfter time.Duration
 	err        error
 	uid        types.UID // of the pod, after a read
-	took       time.Duration
 }
 
 // do makes one request with client and tells what happened.
@@ -107,14 +106,14 @@ func do(ctx context.Context, client kubernetes.Interface, r request) result {
 		}
 	}
 	res := classify(reached, err)
-	res.id, res.uid, res.took = r.id, pod.UID, time.Since(start)
+	res.id, res.uid = r.id, pod.UID
 	if apierrors.IsAlreadyExists(err) {
 		res.outcome = writeExists
 	}
 	if res.outcome == writeRefused && r.verb == verbPatch && apierrors.IsNotFound(err) {
 		res.outcome = writeGone
 	}
-	requestSeconds.WithLabelValues(r.verb.String()).Observe(res.took.Seconds())
+	requestSeconds.WithLabelValues(r.verb.String()).Observe(time.Since(start).Seconds())
 	return res
 }
 
