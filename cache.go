@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"cmp"
 	"container/heap"
 	"container/list"
 	"maps"
@@ -43,9 +44,8 @@ func (h *groups) Push(x any) {
 	*h = append(*h, g)
 }
 func (h *groups) Pop() any {
-	old := *h
-	g := old[len(old)-1]
-	*h = old[:len(old)-1]
+	g := (*h)[len(*h)-1]
+	*h = (*h)[:len(*h)-1]
 	return g
 }
 
@@ -146,15 +146,11 @@ func (c *cache) unlink(e *entry) {
 // evictOne evicts the entry whose loss costs the least; false when none is left.
 func (c *cache) evictOne() bool {
 	for {
-		var front *list.Element
-		switch {
-		case c.written.Len() > 0:
-			front = c.written.Front()
-		case c.storms.Len() > 0:
-			front = c.storms.Front()
-		case len(c.most) > 0:
+		front := cmp.Or(c.written.Front(), c.storms.Front())
+		if front == nil && len(c.most) > 0 {
 			front = c.most[0].Front()
-		default:
+		}
+		if front == nil {
 			return false
 		}
 		e := front.Value.(*entry)

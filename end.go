@@ -44,10 +44,8 @@ const (
 // e is no storm waiting for its quiet, or one that has not risen above its
 // threshold since its latest end.
 func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
-	if quiet <= 0 || e.end != nil || e.evicted || e.inflight != 0 || e.pending() > 0 || e.dropped > 0 || !e.stormWritten {
-		return time.Time{}, false
-	}
-	if !isStorm(e.key, e.seen-e.storm) {
+	if quiet <= 0 || e.end != nil || e.evicted || e.inflight != 0 || e.pending() > 0 || e.dropped > 0 ||
+		!e.stormWritten || !isStorm(e.key, e.seen-e.storm) {
 		return time.Time{}, false
 	}
 	at := e.last.Add(quiet)
@@ -57,12 +55,8 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 		}
 		if p.armed { // on e.last's monotonic reading, as the scheduler's clock
 			calm := e.last.Add(time.Duration(p.calmAt() - e.last.UnixNano()))
-			if top := p.topLast.Add(quiet); calm.Before(top) {
-				calm = top
-			}
-			if calm.Before(at) {
-				at = calm
-			}
+			calm = slices.MaxFunc([]time.Time{calm, p.topLast.Add(quiet)}, time.Time.Compare)
+			at = slices.MinFunc([]time.Time{at, calm}, time.Time.Compare)
 		}
 	}
 	return at.Add(handOffGrace), true

@@ -280,15 +280,18 @@ func isDuration(w string) bool {
 		return false
 	}
 	for w != "" {
-		unit := strings.TrimLeft(w, "0123456789.")
-		switch {
-		case len(unit) == len(w) || unit == "": // no number, or no unit
+		i := 0
+		for i < len(w) && (w[i] >= '0' && w[i] <= '9' || w[i] == '.') {
+			i++
+		}
+		switch unit := w[i:]; {
+		case i == 0 || unit == "": // no number, or no unit
 			return false
-		case len(unit) > 1 && unit[1] == 's' && strings.IndexByte("num", unit[0]) >= 0:
+		case len(unit) > 1 && unit[1] == 's' && (unit[0] == 'n' || unit[0] == 'u' || unit[0] == 'm'):
 			w = unit[2:]
 		case strings.HasPrefix(unit, "µs"):
 			w = unit[len("µs"):]
-		case strings.IndexByte("hms", unit[0]) >= 0:
+		case unit[0] == 'h' || unit[0] == 'm' || unit[0] == 's':
 			w = unit[1:]
 		default:
 			return false
