@@ -33,13 +33,13 @@ const (
 type hitter struct {
 	name       [maxMemberLen]byte // the member, in place: a line's member is a part of the line, not kept
 	n          uint8              // its length
-	hash       uint64             // of the member, with shapeSeed
+	hash       uint32             // of the member, with shapeSeed: its low half
 	count, err int64              // count is an upper bound, count-err a lower bound
 	from       int64              // count when the current storm began
 }
 
 func newHitter(member string, hash uint64, count, err int64) hitter {
-	s := hitter{n: uint8(len(member)), hash: hash, count: count, err: err}
+	s := hitter{n: uint8(len(member)), hash: uint32(hash), count: count, err: err}
 	copy(s.name[:], member)
 	return s
 }
@@ -83,7 +83,7 @@ func (h *hitters) add(member string, at time.Time) bool {
 	}
 	i, least := -1, 0
 	for j := range h.slots {
-		if s := &h.slots[j]; s.hash == x && string(s.name[:s.n]) == member {
+		if s := &h.slots[j]; s.hash == uint32(x) && string(s.name[:s.n]) == member {
 			i = j
 			break
 		} else if s.count < h.slots[least].count {
