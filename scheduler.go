@@ -26,8 +26,7 @@ const (
 	// reach the server; this bounds goroutines and memory whatever BURST is,
 	// and a slow write of a loud plugin does not hold back a quiet one's.
 	maxInFlight = 8
-	// flushPause spaces the tries of a failed write during the flush at
-	// shutdown.
+	// flushPause spaces the tries of a failed write in the flush at shutdown.
 	flushPause = 200 * time.Millisecond
 )
 
@@ -57,9 +56,8 @@ type scheduler struct {
 	pod      podIdentity
 	names    *eventNames
 	rand     *rand.Rand
-	// doubtful counts lines dropped whose latest write may have landed unanswered.
-	doubtful int64
-	settled  bool // an evicted entry began to settle: it may be sent now
+	doubtful int64 // lines dropped whose latest write may have landed unanswered
+	settled  bool  // an evicted entry began to settle: it may be sent now
 	// observed is the time of the latest line taken: a storm is not said to
 	// end while lines of before its quiet may still be on their way.
 	observed time.Time

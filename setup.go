@@ -140,16 +140,12 @@ func parseRate(c *caddy.Controller, args []string, cfg *config) error {
 	}
 	cfg.qps = qps
 	if len(args) > 1 {
-		if cfg.burst, err = parseInt(c, "BURST", args[1], maxBurst); err != nil {
-			return err
-		}
+		cfg.burst, err = parseInt(c, "BURST", args[1], maxBurst)
 	}
-	if len(args) > 2 {
-		if cfg.cacheSize, err = parseInt(c, "CACHESIZE", args[2], maxCacheSize); err != nil {
-			return err
-		}
+	if len(args) > 2 && err == nil {
+		cfg.cacheSize, err = parseInt(c, "CACHESIZE", args[2], maxCacheSize)
 	}
-	return nil
+	return err
 }
 
 // parseQuiet reads `quiet DURATION|off`: a Go duration in [1s, 24h], or
