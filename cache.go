@@ -125,7 +125,6 @@ func (c *cache) queueOf(e *entry) *list.List {
 	return &c.written
 }
 
-// unlink takes e out of its queue.
 func (c *cache) unlink(e *entry) {
 	q := e.in
 	if q == nil {
@@ -168,7 +167,6 @@ func (c *cache) evictOne() bool {
 	}
 }
 
-// resize keeps at most size entries.
 func (c *cache) resize(size int) {
 	c.size = size
 	for len(c.entries) > size && c.evictOne() {

@@ -27,8 +27,6 @@ const (
 
 var dropReasonNames = [numDropReasons]string{"queue_full", "evicted", "shutdown", "throttled", "failed"}
 
-func (r dropReason) String() string { return dropReasonNames[r] }
-
 var (
 	linesVec = counterVec("lines_total", []string{"level"},
 		"Counter of log lines captured at an enabled level, by level.")
@@ -103,7 +101,7 @@ func init() {
 		throttledEnd[l] = throttledTotal.WithLabelValues(endReason(l))
 	}
 	for r := dropReason(0); r < numDropReasons; r++ {
-		droppedTotal[r] = droppedVec.WithLabelValues(r.String())
+		droppedTotal[r] = droppedVec.WithLabelValues(dropReasonNames[r])
 	}
 	for l := levelDebug; l < levelFatal; l++ {
 		promauto.NewGaugeFunc(prometheus.GaugeOpts{

@@ -77,7 +77,6 @@ func newPipeline(cfg config, client kubernetes.Interface, pod podIdentity, clk c
 
 func (p *pipeline) start() { go p.run() }
 
-// run is the scheduler's goroutine.
 func (p *pipeline) run() {
 	defer close(p.done)
 	lines := (<-chan line)(p.listener.lines)
@@ -161,7 +160,7 @@ func (p *pipeline) post(ctx context.Context, f func(now time.Time)) bool {
 	return false
 }
 
-// apply takes new settings without losing what is pending.
+// apply takes new settings, as the scheduler's apply does.
 func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 	p.listener.levels.Store(uint32(cfg.levels))
 	applied := make(chan struct{})

@@ -159,7 +159,6 @@ func (q *tokenQueue) push(e *entry, settling bool) {
 	}
 }
 
-// remove takes e out of the queue.
 func (q *tokenQueue) remove(e *entry) {
 	sh := e.slot.owner
 	heap.Remove(e.slot.in, e.slot.index)

@@ -346,7 +346,6 @@ func (s *scheduler) watch(e *entry) {
 	}
 }
 
-// wait puts e in the timers until at.
 func (s *scheduler) wait(e *entry, at time.Time) { e.slot.at = at; heap.Push(&s.timers, e) }
 
 // unqueue takes e out of the heap it waits in, if any.
@@ -557,7 +556,6 @@ func (s *scheduler) failed(e *entry, res result, now time.Time) {
 	s.report(now, res.err)
 }
 
-// evicted is told of an entry that left the cache.
 func (s *scheduler) evicted(e *entry) {
 	e.evicted = true
 	s.retire(e)
@@ -587,7 +585,6 @@ func (s *scheduler) retire(e *entry) {
 	s.drop(e, dropEvicted)
 }
 
-// drop gives up the pending lines of e.
 func (s *scheduler) drop(e *entry, reason dropReason) {
 	if e.doubt > 0 && e.pending() > 0 {
 		s.doubtful += min(e.doubt-e.carried, e.pending())
