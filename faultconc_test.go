@@ -22,7 +22,7 @@ import (
 // reloads and clock steps; the interleaving is the scheduler's:
 //
 //	go test -race -run TestFaultModelConcurrent -faultmodel.seed=N -v .
-var concurrentSeeds = flag.Int("faultmodel.concurrent", seedsFromEnv(8), "number of seeds the concurrent fault model runs (default $K8S_EVENT_FAULT_SEEDS or 8)")
+var concurrentSeeds = flag.Int("faultmodel.concurrent", seedsFromEnv("K8S_EVENT_CONCURRENT_SEEDS", 8), "number of seeds the concurrent fault model runs (default $K8S_EVENT_CONCURRENT_SEEDS or 8)")
 
 func TestFaultModelConcurrent(t *testing.T) {
 	stats := faultStats{injected: map[string]int{}}

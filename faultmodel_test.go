@@ -30,14 +30,14 @@ import (
 //
 //	go test -run TestFaultModel -faultmodel.seed=N -v .
 var (
-	faultSeeds = flag.Int("faultmodel.seeds", seedsFromEnv(300), "number of seeds the fault model runs (default $K8S_EVENT_FAULT_SEEDS or 300)")
+	faultSeeds = flag.Int("faultmodel.seeds", seedsFromEnv("K8S_EVENT_FAULT_SEEDS", 300), "number of seeds the fault model runs (default $K8S_EVENT_FAULT_SEEDS or 300)")
 	faultSeed  = flag.Uint64("faultmodel.seed", 0, "run this seed of the fault model only")
 )
 
 // seedsFromEnv lets tools that cannot pass test flags (mutation testing)
 // set the number of seeds.
-func seedsFromEnv(n int) int {
-	if v, err := strconv.Atoi(os.Getenv("K8S_EVENT_FAULT_SEEDS")); err == nil && v > 0 {
+func seedsFromEnv(name string, n int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
 	}
 	return n
