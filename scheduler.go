@@ -286,7 +286,9 @@ func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		var since int64
 		if f := s.queues[l].unwritten.Front(); f != nil {
-			since = f.Value.(*entry).first.UnixNano()
+			// The wall time now less the time that passed: a step of the
+			// wall clock is no wait.
+			since = s.now.UnixNano() - int64(s.now.Sub(f.Value.(*entry).first))
 		}
 		bound := time.Duration(min(float64(max(len(s.queues[l].turns), 1))/s.set.qps, 365*24*3600)*1e9) + writeTimeout
 		if s.pod.lookup {

@@ -1117,6 +1117,24 @@ func TestUnwrittenAgeAndBoundAreShown(t *testing.T) {
 	}
 }
 
+// TestUnwrittenAgeIsTimeThatPassed: the age of the oldest event never
+// written is the time that passed since its first line, not the distance
+// of the wall clock, which may have stepped back meanwhile.
+func TestUnwrittenAgeIsTimeThatPassed(t *testing.T) {
+	clk := newSteppedClock()
+	h := newHarnessOn(t, testConfig(all, 1.0/300, 1, 64), newFakeAPI(t, clk), clk, testPod())
+	h.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	drain(h) // A takes the one token
+	h.observe(ln(levelError, "errors", "upstream B down", clk.Now()))
+	clk.Step(10 * time.Second)
+	clk.stepWall(-time.Hour)
+	h.observe(ln(levelError, "forward", "upstream C down", clk.Now()))
+	drain(h)
+	if age := time.Duration(clk.Now().UnixNano() - delays[levelError].since.Load()); age != 10*time.Second {
+		t.Errorf("oldest unwritten for %v by the wall clock now, want the 10s that passed", age)
+	}
+}
+
 // TestNewLineOfQuietPluginIsWrittenWithinOneRefillDespiteBacklog: one
 // plugin's backlog of distinct lines holds back another plugin's first
 // line by no more than the next refill.
