@@ -36,13 +36,14 @@ platform_bin = bin/$(subst /,-,$(1))/coredns
 
 # NODE is "node" where a node can run (Linux, as root): then the e2e tests
 # and the demo also run CoreDNS as a Pod on a real kubelet and containerd.
+# Any other non-empty value (NODE=1) means the same; NODE= turns it off.
 NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 
 # with_tools runs its argument with KUBE_APISERVER, ETCD and KUBECTL set (and
 # the node's binaries when NODE is set), building them first when missing.
 # with_demo_tools builds and sets only what the demo runs.
-with_tools = tools_env=$$(hack/tools.sh env $(NODE)); set -a; eval "$$tools_env"; set +a;
-with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(NODE)); set -a; eval "$$tools_env"; set +a;
+with_tools = tools_env=$$(hack/tools.sh env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
+with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 
 .PHONY: all build build-check image release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-against fuzz mutate mutate-contract clean
 

@@ -24,11 +24,15 @@ import (
 var clusterDNS = net.JoinHostPort(cluster.DNSServiceIP, "53")
 
 // failZone is a server block whose upstream refuses every query, so that
-// each query logs an error line.
+// each query logs an error line. Over TCP the line of a name is the same
+// for each query, and its events add up; over UDP it would carry the
+// local port of each try, a new event each time.
 const failZone = `
 fail.test:53 {
     errors
-    forward . 127.0.0.1:9
+    forward . 127.0.0.1:9 {
+        force_tcp
+    }
 }
 `
 
@@ -164,6 +168,9 @@ func applyDNS(ctx context.Context, kube *cluster.Cluster, deploy, ref string) er
 		fmt.Print(out)
 	}
 
+	if err := awaitRolledOut(ctx, kube); err != nil {
+		return err
+	}
 	step("kubectl -n kube-system get endpointslices -l kubernetes.io/service-name=kube-dns (the pods' own addresses)")
 	out, _, err := kube.Kubectl(ctx, "-n", "kube-system", "get", "endpointslices", "-l", "kubernetes.io/service-name=kube-dns")
 	if err != nil {
@@ -171,6 +178,38 @@ func applyDNS(ctx context.Context, kube *cluster.Cluster, deploy, ref string) er
 	}
 	fmt.Print(out)
 	fmt.Printf("  the demo asks the kube-dns Service at %s\n", clusterDNS)
+	return nil
+}
+
+// awaitRolledOut waits until the kube-dns Service's endpoints are the
+// Deployment's ready pods alone: a pod the rollout replaced stays in the
+// EndpointSlice, not ready, until it is gone.
+func awaitRolledOut(ctx context.Context, kube *cluster.Cluster) error {
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		dep, err := kube.Clientset.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		slices, err := kube.Clientset.DiscoveryV1().EndpointSlices("kube-system").List(ctx, metav1.ListOptions{
+			LabelSelector: "kubernetes.io/service-name=kube-dns",
+		})
+		if err != nil {
+			return false, nil
+		}
+		ready := 0
+		for _, s := range slices.Items {
+			for _, e := range s.Endpoints {
+				if e.Conditions.Ready == nil || !*e.Conditions.Ready {
+					return false, nil
+				}
+				ready++
+			}
+		}
+		return dep.Spec.Replicas != nil && ready == int(*dep.Spec.Replicas), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the kube-dns Service's endpoints are not the rolled-out pods: %w", err)
+	}
 	return nil
 }
 
