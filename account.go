@@ -1,9 +1,8 @@
 package k8s_event
 
-// tally is the account of the lines of one event. A line is seen once, then
-// stays pending until it is carried by a successful write or dropped, with
-// a reason, because no write will ever carry it. These four methods are the
-// only code that moves lines, and they keep the process-wide metrics, so
+// tally is the account of the lines of one event. A line is seen once, then stays pending until it
+// is carried by a successful write or dropped, with a reason, because no write will ever carry it.
+// These four methods are the only code that moves lines, and they keep the process-wide metrics, so
 // that at every quiet moment
 //
 //	sum(count of every event written) + pending_lines + dropped_total == lines_total

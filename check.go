@@ -5,10 +5,9 @@ import (
 	"github.com/coredns/caddy/caddyfile"
 )
 
-// CheckBlocks reads the k8s_event stanzas of one Corefile, one per server
-// block (each the tokens caddyfile.Parse gives the k8s_event directive), as
-// setup would, and returns the error setup would give: a stanza the plugin
-// refuses, or settings of two blocks that conflict. Install tooling uses
+// CheckBlocks reads the k8s_event stanzas of one Corefile, one per server block (each the tokens
+// caddyfile.Parse gives the k8s_event directive), as setup would, and returns the error setup would
+// give: a stanza the plugin refuses, or settings of two blocks that conflict. Install tooling uses
 // it to refuse a whole Corefile before any pod runs it.
 func CheckBlocks(stanzas [][]caddyfile.Token) error {
 	inst := &instance{}

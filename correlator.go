@@ -8,12 +8,10 @@ import (
 )
 
 const (
-	// A plugin and level make at most ownEvents events of their own lines,
-	// then maxShapes combined events, one per shape, then one more for the
-	// lines of every other shape (otherShapes), in any budgetWindow: further
-	// new lines join the combined events, so that per-query errors cannot
-	// create an object each, and noise that pauses cannot start the budget
-	// over.
+	// A plugin and level make at most ownEvents events of their own lines, then maxShapes combined
+	// events, one per shape, then one more for the lines of every other shape (otherShapes), in any
+	// budgetWindow: further new lines join the combined events, so that per-query errors cannot
+	// create an object each, and noise that pauses cannot start the budget over.
 	ownEvents    = 10
 	maxShapes    = 10
 	budget       = ownEvents + maxShapes + 1
@@ -41,10 +39,9 @@ type entry struct {
 	tally
 	message     string // latest line; a combined event adds combinedPrefix when written
 	first, last time.Time
-	// stamped is the latest wall time of its lines, the lastTimestamp
-	// written. Line times keep their monotonic reading, so that quiet and
-	// the budgets measure time that passed across a step of the wall clock;
-	// but Go compares two such times on it alone, and after a step back the
+	// stamped is the latest wall time of its lines, the lastTimestamp written. Line times keep
+	// their monotonic reading, so that quiet and the budgets measure time that passed across a step
+	// of the wall clock; but Go compares two such times on it alone, and after a step back the
 	// latest line has the earlier wall time: lastTimestamp would move back.
 	stamped time.Time
 	seq     uint64 // of its latest line: the least recently seen goes first
@@ -110,9 +107,8 @@ func (w *window) spend(at time.Duration) {
 	w.next = (w.next + 1) % budget
 }
 
-// correlator folds lines into entries: repeats counted, storms combined by shape, those whose
-// loss costs the least evicted beyond the cache size (cache.go). Owned by the scheduler's
-// goroutine.
+// correlator folds lines into entries: repeats counted, storms combined by shape, those whose loss
+// costs the least evicted beyond the cache size (cache.go). Owned by the scheduler's goroutine.
 type correlator struct {
 	cache   *cache
 	windows map[windowKey]*window
@@ -189,9 +185,8 @@ func (e *entry) note() string {
 // combinedPrefix marks the message of a combined event, as client-go does.
 const combinedPrefix = "(combined from similar events): "
 
-// budgeted is the key of a line that has no entry, within the budget of
-// its plugin and level, with the entry of that key if there is one, and the
-// line's member if it is combined.
+// budgeted is the key of a line that has no entry, within the budget of its plugin and level, with
+// the entry of that key if there is one, and the line's member if it is combined.
 func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, string) {
 	if c.origin.IsZero() {
 		c.origin = ln.at.Add(-budgetWindow)
@@ -235,8 +230,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	return key, e, true, m
 }
 
-// window is the budget of wk. Beyond maxWindows, those unused for
-// budgetWindow go first.
+// window is the budget of wk. Beyond maxWindows, those unused for budgetWindow go first.
 func (c *correlator) window(wk windowKey, at time.Duration) *window {
 	if c.last != nil && c.lastKey == wk { // a storm is of one plugin and level
 		return c.last

@@ -33,15 +33,13 @@ const (
 	// line logged before then that is still on its way to the scheduler:
 	// far more than the microseconds that takes, short against any quiet.
 	handOffGrace = 250 * time.Millisecond
-	// handOffWait is how often an end looks again while lines wait in the
-	// hand-off queue.
+	// handOffWait is how often an end looks again while lines wait in the hand-off queue.
 	handOffWait = 10 * time.Millisecond
 )
 
-// quietAt is when the storm of e, all written, may be said to have ended:
-// once the last quiet held fewer than its threshold of lines and none of
-// its top members, and at the latest quiet after its last line; false when
-// e is no storm waiting for its quiet, or one that has not risen above its
+// quietAt is when the storm of e, all written, may be said to have ended: once the last quiet held
+// fewer than its threshold of lines and none of its top members, and at the latest quiet after its
+// last line; false when e is no storm waiting for its quiet, or one that has not risen above its
 // threshold since its latest end.
 func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 	if quiet <= 0 || e.end != nil || e.evicted || e.inflight != 0 || e.pending() > 0 || e.dropped > 0 ||
@@ -62,9 +60,8 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 	return at.Add(handOffGrace), true
 }
 
-// endOf makes the end of e's storm, decided at now. Later lines keep
-// counting on the same object; the next end comes once they rose above the
-// threshold again.
+// endOf makes the end of e's storm, decided at now. Later lines keep counting on the same object;
+// the next end comes once they rose above the threshold again.
 func endOf(e *entry, now time.Time) *entry {
 	about, top, shapes := e.message, "", 0
 	if e.key.combined() { // its shape, not a line of one of its members
@@ -141,8 +138,7 @@ func (p *flow) held(n int64) int64 {
 	return sum
 }
 
-// threshold is max(2, 1 % of the peak): a storm whose last quiet held
-// fewer lines has ended.
+// threshold is max(2, 1 % of the peak): a storm whose last quiet held fewer lines has ended.
 func (p *flow) threshold() int64 { return max(2, p.peak/100) }
 
 // calmAt is the end of the first slot whose quiet held fewer lines than

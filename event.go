@@ -27,9 +27,8 @@ const (
 	maxNameLen      = 253
 )
 
-// eventMessage makes a log line fit for an event: valid UTF-8, no trailing
-// newline, its controls escaped (escapeControls), and at most
-// maxMessageBytes, cut in the middle (cutMiddle).
+// eventMessage makes a log line fit for an event: valid UTF-8, no trailing newline, its controls
+// escaped (escapeControls), and at most maxMessageBytes, cut in the middle (cutMiddle).
 func eventMessage(s string) string {
 	s = strings.TrimRight(s, "\r\n")
 	if !utf8.ValidString(s) {
@@ -38,10 +37,9 @@ func eventMessage(s string) string {
 	return cutMiddle(escapeControls(s), maxMessageBytes)
 }
 
-// escapeControls quotes, as Go does (\n, \x1b, \u202e), the control (C0
-// but tab, DEL, C1) and bidirectional characters of s: no line may move the
-// cursor or turn text around in kubectl's output. Backslashes stay, so
-// CoreDNS's escapes (\DDD, \.) read as in the log.
+// escapeControls quotes, as Go does (\n, \x1b, \u202e), the control (C0 but tab, DEL, C1) and
+// bidirectional characters of s: no line may move the cursor or turn text around in kubectl's
+// output. Backslashes stay, so CoreDNS's escapes (\DDD, \.) read as in the log.
 func escapeControls(s string) string {
 	i := indexHidden(s)
 	if i < 0 {
@@ -59,8 +57,7 @@ func escapeControls(s string) string {
 	return s[:i] + string(b)
 }
 
-// indexHidden is strings.IndexFunc(s, hidden), without a call per
-// printable byte of ASCII.
+// indexHidden is strings.IndexFunc(s, hidden), without a call per printable byte of ASCII.
 func indexHidden(s string) int {
 	i := 0
 	for ; i+8 <= len(s); i += 8 { // eight bytes at a time while all are printable ASCII
@@ -112,8 +109,7 @@ func cutMiddle(s string, limit int) string {
 	return s[:head] + cutMarker + s[tail:]
 }
 
-// boundary tells whether s may be cut at i: between runes, not in an
-// escape (escapeLen).
+// boundary tells whether s may be cut at i: between runes, not in an escape (escapeLen).
 func boundary(s string, i int) bool {
 	if i < len(s) && !utf8.RuneStart(s[i]) {
 		return false
@@ -182,10 +178,9 @@ const (
 	labelLevel  = "coredns.io/level"
 )
 
-// pluginLabel is the plugin's name in CoreDNS's prefix "plugin/NAME: ",
-// made a valid label value: at most 63 characters of [A-Za-z0-9-_.],
-// beginning and ending with a letter or digit; "unknown" when nothing is
-// left.
+// pluginLabel is the plugin's name in CoreDNS's prefix "plugin/NAME: ", made a valid label value:
+// at most 63 characters of [A-Za-z0-9-_.], beginning and ending with a letter or digit; "unknown"
+// when nothing is left.
 func pluginLabel(prefix string) string {
 	name := strings.TrimSuffix(strings.TrimPrefix(prefix, "plugin/"), ": ")
 	b := []byte(name)
@@ -215,10 +210,9 @@ func countPatch(s writeSpec) []byte {
 
 func clampCount(n int64) int32 { return int32(min(max(n, 0), math.MaxInt32)) }
 
-// eventNames hands out names in client-go's form, <object>.<hex time>,
-// strictly increasing within the process and ending in a random tag of the
-// process, so that names never collide across replicas and restarts, even
-// when every replica reports on namespace/default.
+// eventNames hands out names in client-go's form, <object>.<hex time>, strictly increasing within
+// the process and ending in a random tag of the process, so that names never collide across
+// replicas and restarts, even when every replica reports on namespace/default.
 type eventNames struct {
 	last int64
 	tag  string
@@ -255,17 +249,15 @@ func isStorm(key eventKey, count int64) bool {
 // endReason is the reason of the event that says a storm of level l ended.
 func endReason(l level) string { return l.reason() + "Ended" }
 
-// endMessage says that a storm ended: its plugin, its total count, what it
-// was about (the shape of a combined event's lines, with its heavy hitters
-// in top, or an event's own line) and its first and last time (UTC; with
-// the date when the two are not on the same day), e.g.
+// endMessage says that a storm ended: its plugin, its total count, what it was about (the shape of
+// a combined event's lines, with its heavy hitters in top, or an event's own line) and its first
+// and last time (UTC; with the date when the two are not on the same day), e.g.
 //
 //	plugin/errors: 195 lines like "<n> <name>. A: ...: i/o timeout" (most: a.example.org ≥40) from 10:02:13 to 10:07:40, none since
 //
-// The end of the lines of other shapes (shapes > 0) says how many shapes
-// they had instead: "plugin/errors: 40 lines of 12 other shapes from ...".
-// prefix is the plugin's "plugin/NAME: "; about may start with it. The
-// quoted text is cut, with a visible marker, so that the whole fits
+// The end of the lines of other shapes (shapes > 0) says how many shapes they had instead:
+// "plugin/errors: 40 lines of 12 other shapes from ...". prefix is the plugin's "plugin/NAME: ";
+// about may start with it. The quoted text is cut, with a visible marker, so that the whole fits
 // maxMessageBytes.
 func endMessage(prefix, about, top string, shapes int, count int64, first, last time.Time) string {
 	first, last = first.UTC(), last.UTC()

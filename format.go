@@ -25,10 +25,9 @@ func appendLine(buf []byte, format string, formatted bool, v []any) []byte {
 	return fmt.Append(buf, v...)
 }
 
-// appendPlain formats when every verb of format is %s, %d or %v without
-// flags, width or precision, every operand is a string or an integer that
-// its verb prints plainly, and the operands match the verbs one to one. ok
-// is false otherwise, with buf as it was.
+// appendPlain formats when every verb of format is %s, %d or %v without flags, width or precision,
+// every operand is a string or an integer that its verb prints plainly, and the operands match the
+// verbs one to one. ok is false otherwise, with buf as it was.
 func appendPlain(buf []byte, format string, v []any) (out []byte, ok bool) {
 	start, n := len(buf), 0
 	for len(format) > 0 {
@@ -61,9 +60,8 @@ func appendPlain(buf []byte, format string, v []any) (out []byte, ok bool) {
 	return buf, true
 }
 
-// appendOperand appends one operand as fmt prints it with verb, for the
-// types and verbs it knows. Only exact types: a named type may have a
-// String method that fmt would call.
+// appendOperand appends one operand as fmt prints it with verb, for the types and verbs it knows.
+// Only exact types: a named type may have a String method that fmt would call.
 func appendOperand(buf []byte, verb byte, a any) ([]byte, bool) {
 	var (
 		n        int64
@@ -108,8 +106,7 @@ func appendOperand(buf []byte, verb byte, a any) ([]byte, bool) {
 	return strconv.AppendInt(buf, n, 10), true
 }
 
-// appendStrings appends operands that are all strings, which fmt.Append
-// joins without spaces.
+// appendStrings appends operands that are all strings, which fmt.Append joins without spaces.
 func appendStrings(buf []byte, v []any) ([]byte, bool) {
 	for _, a := range v {
 		if _, ok := a.(string); !ok {

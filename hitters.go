@@ -23,10 +23,9 @@ const (
 	promoteAt        = 10  // lines of one member that make it an event of its own
 	maxMemberLen     = 64  // bytes of a member kept, so that a summary takes at most a few KiB
 	maxHitters       = 256 // bytes of a message that name hitters
-	// sketchWidth is the counters of each of the two rows of a count-min
-	// sketch (Cormode and Muthukrishnan): a member counts in one counter of
-	// each row, so the lesser is an upper bound on its lines that churn of
-	// other members barely moves, unlike a counter of the summary.
+	// sketchWidth is the counters of each of the two rows of a count-min sketch (Cormode and
+	// Muthukrishnan): a member counts in one counter of each row, so the lesser is an upper bound
+	// on its lines that churn of other members barely moves, unlike a counter of the summary.
 	sketchWidth = 256
 )
 
@@ -46,8 +45,7 @@ func newHitter(member string, hash uint64, count, err int64) hitter {
 
 func (s *hitter) member() string { return string(s.name[:s.n]) }
 
-// low is a lower bound on the member's lines, or on those of the current
-// storm only.
+// low is a lower bound on the member's lines, or on those of the current storm only.
 func (s hitter) low(storm bool) int64 {
 	if storm {
 		return s.count - max(s.err, s.from)
@@ -64,8 +62,7 @@ type hitters struct {
 	shapes []uint64 // of the lines of other shapes: those of the current storm, up to maxCountedShapes
 }
 
-// add counts a line of member at at and tells whether member is now among
-// the top (see top).
+// add counts a line of member at at and tells whether member is now among the top (see top).
 func (h *hitters) add(member string, at time.Time) bool {
 	h.lines++
 	if member == "" {
@@ -102,8 +99,7 @@ func (h *hitters) add(member string, at time.Time) bool {
 	return h.isTop(h.slots[i], false)
 }
 
-// isTop: more than lines/hitterSlots, and two lines or more (of the
-// current storm).
+// isTop: more than lines/hitterSlots, and two lines or more (of the current storm).
 func (h *hitters) isTop(s hitter, storm bool) bool {
 	return s.count*hitterSlots > h.lines && s.low(storm) >= 2
 }
@@ -116,9 +112,8 @@ func (h *hitters) newStorm() {
 	}
 }
 
-// upperBound is the most lines member may have had within budgetWindow:
-// never below its lines, so that no member of promoteAt lines is missed
-// however many others churn.
+// upperBound is the most lines member may have had within budgetWindow: never below its lines, so
+// that no member of promoteAt lines is missed however many others churn.
 func (h *hitters) upperBound(member string) int64 {
 	x := maphash.String(shapeSeed, member)
 	return int64(min(h.sketch[0][uint8(x)], h.sketch[1][uint8(x>>8)]))
@@ -132,9 +127,8 @@ func (h *hitters) top(storm bool) []hitter {
 	return out
 }
 
-// names are the top members (of the current storm) with their lower bounds,
-// within maxHitters bytes: "most: a.example.org. ≥12, 10.0.0.1 ≥5"; empty
-// when none.
+// names are the top members (of the current storm) with their lower bounds, within maxHitters
+// bytes: "most: a.example.org. ≥12, 10.0.0.1 ≥5"; empty when none.
 func (h *hitters) names(storm bool) string {
 	var b strings.Builder
 	for _, s := range h.top(storm) {
@@ -151,9 +145,8 @@ func (h *hitters) names(storm bool) string {
 	return b.String()
 }
 
-// member is what a line is about: its first DNS name, else its first IP
-// address without its port; empty if neither. At most maxMemberLen bytes,
-// a part of msg.
+// member is what a line is about: its first DNS name, else its first IP address without its port;
+// empty if neither. At most maxMemberLen bytes, a part of msg.
 func member(msg string) string {
 	ip := ""
 	for i := 0; i < len(msg); {

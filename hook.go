@@ -67,18 +67,16 @@ type line struct {
 	at     time.Time
 }
 
-// lineBuffer is the size of the listener's formatting buffer, on the stack
-// of the goroutine that logs: longer lines go to the heap. A query's
-// goroutine often comes to its first log call with its stack nearly full
-// and grows it there. The buffer makes that happen as take starts, with few
-// frames to walk in the copy, rather than deep in a formatter; CoreDNS's own
-// formatting of the line then finds the room.
+// lineBuffer is the size of the listener's formatting buffer, on the stack of the goroutine that
+// logs: longer lines go to the heap. A query's goroutine often comes to its first log call with its
+// stack nearly full and grows it there. The buffer makes that happen as take starts, with few
+// frames to walk in the copy, rather than deep in a formatter; CoreDNS's own formatting of the line
+// then finds the room.
 const lineBuffer = 512
 
-// listener is the CoreDNS log listener: it runs inside whatever goroutine
-// logged, often a DNS query, and only hands lines to the scheduler's
-// goroutine. A fatal line, which cannot wait (CoreDNS exits right after the
-// listeners return), goes to fatal, which writes it at once.
+// listener is the CoreDNS log listener: it runs inside whatever goroutine logged, often a DNS
+// query, and only hands lines to the scheduler's goroutine. A fatal line, which cannot wait
+// (CoreDNS exits right after the listeners return), goes to fatal, which writes it at once.
 type listener struct {
 	levels atomic.Uint32 // levelSet
 	clock  clock.PassiveClock

@@ -173,10 +173,9 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 	}
 }
 
-// writeFatal writes a fatal line at once, in the goroutine that logged it:
-// CoreDNS exits right after the listeners return, so nothing queued would
-// ever be written. It takes a token of the fatal bucket like any write,
-// waits for no other write and for no UID lookup, and gives up after
+// writeFatal writes a fatal line at once, in the goroutine that logged it: CoreDNS exits right
+// after the listeners return, so nothing queued would ever be written. It takes a token of the
+// fatal bucket like any write, waits for no other write and for no UID lookup, and gives up after
 // fatalTimeout.
 func (p *pipeline) writeFatal(ln line) {
 	var t tally
@@ -210,8 +209,7 @@ func (p *pipeline) writeFatal(ln line) {
 	t.carry(1)
 }
 
-// deregister removes the listener and closes the hand-off: after it, no
-// line enters the pipeline.
+// deregister removes the listener and closes the hand-off: after it, no line enters the pipeline.
 func (p *pipeline) deregister() {
 	p.closeOnce.Do(func() {
 		// Deregistering waits for listener calls in flight, so nothing
@@ -221,9 +219,8 @@ func (p *pipeline) deregister() {
 	})
 }
 
-// stop ends the pipeline: no new line is taken, and what is pending is
-// written as tokens allow within timeout (real time: CoreDNS exits when it
-// returns). What is still pending then is dropped.
+// stop ends the pipeline: no new line is taken, and what is pending is written as tokens allow
+// within timeout (real time: CoreDNS exits when it returns). What is still pending then is dropped.
 func (p *pipeline) stop(timeout time.Duration) {
 	p.stopOnce.Do(func() {
 		expired, said := make(chan struct{}), make(chan struct{})

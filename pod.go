@@ -20,12 +20,11 @@ const (
 	envNodeName  = "COREDNS_NODE_NAME"
 )
 
-// podIdentity is the object events are about, and who reports them. When
-// the downward API gave no UID, the scheduler reads the pod before the
-// first create, since `kubectl describe pod` lists only events that carry
-// it. The read is a list of pods with a field selector on the name, which
-// the rights CoreDNS has for its kubernetes plugin allow (list, watch);
-// when list is refused, a get. Owned by the scheduler's goroutine.
+// podIdentity is the object events are about, and who reports them. When the downward API gave no
+// UID, the scheduler reads the pod before the first create, since `kubectl describe pod` lists only
+// events that carry it. The read is a list of pods with a field selector on the name, which the
+// rights CoreDNS has for its kubernetes plugin allow (list, watch); when list is refused, a get.
+// Owned by the scheduler's goroutine.
 type podIdentity struct {
 	ref  corev1.ObjectReference
 	node string
@@ -61,10 +60,9 @@ func (id *podIdentity) namespace() string {
 	return metav1.NamespaceDefault
 }
 
-// readDue tells whether a create must wait for the pod's read, and when a
-// read may be made: now, later (wait), or not before the one in flight is
-// back. At shutdown creates no longer wait for the read, only for a
-// Retry-After it was answered: they go without the UID.
+// readDue tells whether a create must wait for the pod's read, and when a read may be made: now,
+// later (wait), or not before the one in flight is back. At shutdown creates no longer wait for the
+// read, only for a Retry-After it was answered: they go without the UID.
 func (id *podIdentity) readDue(now time.Time, stopping bool) (wait time.Duration, mustWait bool) {
 	if !id.lookup || stopping {
 		return max(id.asked.Sub(now), 0), id.lookup && id.asked.After(now)
@@ -88,10 +86,9 @@ func (e errUnreadable) Error() string {
 	return fmt.Sprintf("%s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", envPodUID, e.err)
 }
 
-// readDone takes the read's answer. A read refused for good with list is
-// made again with get; one refused for good with get is given up, said
-// once, and events go without the UID. Any other failure is tried again
-// with a backoff. It returns the error to report.
+// readDone takes the read's answer. A read refused for good with list is made again with get; one
+// refused for good with get is given up, said once, and events go without the UID. Any other
+// failure is tried again with a backoff. It returns the error to report.
 func (id *podIdentity) readDone(res result, now time.Time, r *rand.Rand) error {
 	id.reading = 0
 	if res.err == nil {

@@ -7,17 +7,14 @@ import (
 	"time"
 )
 
-// The order in which a bucket's entries take its tokens, new information
-// first: entries settling (evicted, their latest write unanswered; in the
-// flush, events whose patch found them gone too); then the plugins, least
-// recently served first, so that each plugin waiting puts at most one
-// event before one served after it; within a plugin, its shapes the same
-// way, so that one shape of many events does not hold back a new one;
-// within a shape, new events (a re-create among them) and updates of
-// written ones take turns, new first; each in the order it began to wait.
-// Entries waiting for a time (backoff, Retry-After, quiet) are in the
-// timers. Every choice is a heap operation. Owned by the scheduler's
-// goroutine.
+// The order in which a bucket's entries take its tokens, new information first: entries settling
+// (evicted, their latest write unanswered; in the flush, events whose patch found them gone too);
+// then the plugins, least recently served first, so that each plugin waiting puts at most one event
+// before one served after it; within a plugin, its shapes the same way, so that one shape of many
+// events does not hold back a new one; within a shape, new events (a re-create among them) and
+// updates of written ones take turns, new first; each in the order it began to wait. Entries
+// waiting for a time (backoff, Retry-After, quiet) are in the timers. Every choice is a heap
+// operation. Owned by the scheduler's goroutine.
 
 // slot is where an entry waits: one heap at a time, or none.
 type slot struct {
@@ -173,9 +170,8 @@ func (q *tokenQueue) remove(e *entry) {
 	}
 }
 
-// served takes e, which got a token, out of the queue: its shape's turn
-// comes again after every other shape of its plugin waiting, and its
-// plugin's after every other plugin waiting.
+// served takes e, which got a token, out of the queue: its shape's turn comes again after every
+// other shape of its plugin waiting, and its plugin's after every other plugin waiting.
 func (q *tokenQueue) served(e *entry) {
 	sh := e.slot.owner
 	if sh != nil {

@@ -6,20 +6,17 @@ import (
 	"time"
 )
 
-// The token buckets: one per reason of BURST tokens refilled at QPS, and
-// one for the ends of storms (endBucket). A request takes a token when it
-// is sent, retries and pod reads included, so the requests of a reason
-// that reach the API server over any T are at most BURST + QPS x T. One
-// that never reached the server gives its token back, exactly as far as
-// the bucket would hold had it never been made (x/time/rate cannot give
-// back part of a token). Owned by the scheduler's goroutine; no lock.
+// The token buckets: one per reason of BURST tokens refilled at QPS, and one for the ends of storms
+// (endBucket). A request takes a token when it is sent, retries and pod reads included, so the
+// requests of a reason that reach the API server over any T are at most BURST + QPS x T. One that
+// never reached the server gives its token back, exactly as far as the bucket would hold had it
+// never been made (x/time/rate cannot give back part of a token). Owned by the scheduler's
+// goroutine; no lock.
 //
-// The tokens at any time are the least, over every moment s before, of
-// BURST at s plus the refills since, less the tokens taken since (and
-// BURST now). A request handed back is taken out of every such sum it is
-// in. Only the moments just before a take can be the least, and of those
-// only the ones that may still be, given the requests out, are kept: at
-// most one more than the requests out.
+// The tokens at any time are the least, over every moment s before, of BURST at s plus the refills
+// since, less the tokens taken since (and BURST now). A request handed back is taken out of every
+// such sum it is in. Only the moments just before a take can be the least, and of those only the
+// ones that may still be, given the requests out, are kept: at most one more than the requests out.
 type bucket struct {
 	qps    float64
 	burst  float64
@@ -52,10 +49,9 @@ func (b *bucket) advance(now time.Time) {
 	b.prune()
 }
 
-// prune drops the bounds that can no longer be the least, and sets tokens
-// to the least of the others and BURST. A bound at BURST or more never is
-// again (BURST later is less); nor is one at or above a later one, since
-// it holds every request out the later one holds, and the same give-backs
+// prune drops the bounds that can no longer be the least, and sets tokens to the least of the
+// others and BURST. A bound at BURST or more never is again (BURST later is less); nor is one at or
+// above a later one, since it holds every request out the later one holds, and the same give-backs
 // raise it as much; of two that hold the same requests, the greater.
 func (b *bucket) prune() {
 	least := b.burst
@@ -135,8 +131,7 @@ func (b *bucket) last(now time.Time) bool {
 // set takes a new rate and burst; the tokens stay, up to the new burst.
 func (b *bucket) set(qps float64, burst int, now time.Time) {
 	b.advance(now)
-	// The old BURST now is a bound still: a greater one does not fill the
-	// bucket at once.
+	// The old BURST now is a bound still: a greater one does not fill the bucket at once.
 	b.bounds = append(b.bounds, bound{v: b.burst, ids: map[uint64]struct{}{}})
 	b.qps, b.burst = qps, float64(burst)
 	b.prune()
@@ -146,18 +141,16 @@ func (b *bucket) set(qps float64, burst int, now time.Time) {
 func (b *bucket) inFlight() int { return len(b.out) }
 
 const (
-	// Failed writes back off exponentially, with up to 20% jitter, from
-	// retryBase to retryMax; an event is retried for as long as it stays in
-	// the cache.
+	// Failed writes back off exponentially, with up to 20% jitter, from retryBase to retryMax; an
+	// event is retried for as long as it stays in the cache.
 	retryBase = time.Second
 	retryMax  = time.Minute
 	// rejectPause is how long an event waits after the API refused it.
 	rejectPause = time.Minute
 )
 
-// backoff is the wait after the n-th failure in a row: exponential, capped
-// at retryMax, plus up to 20% jitter, and never shorter than what the API
-// asked for.
+// backoff is the wait after the n-th failure in a row: exponential, capped at retryMax, plus up to
+// 20% jitter, and never shorter than what the API asked for.
 func backoff(r *rand.Rand, n int, asked time.Duration) time.Duration {
 	d := min(retryBase<<min(n-1, 7), retryMax)
 	d += time.Duration(r.Int64N(int64(d)/5 + 1))

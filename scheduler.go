@@ -10,21 +10,19 @@ import (
 	"time"
 )
 
-// The scheduler owns all the state that decides what to write next:
-// entries, buckets, requests in flight, settling entries, ends, backoffs,
-// Retry-Afters and the pod read. One goroutine (pipeline.go) hands it one
-// message at a time, then asks what can be sent (dispatch); the stepped
-// fault model drives these same methods on a fake clock. Shutdown is a
-// mode (stop): no backoff waited out, creates not waiting for the UID,
-// nothing sent after the deadline, and what is left dropped at the end.
+// The scheduler owns all the state that decides what to write next: entries, buckets, requests in
+// flight, settling entries, ends, backoffs, Retry-Afters and the pod read. One goroutine
+// (pipeline.go) hands it one message at a time, then asks what can be sent (dispatch); the stepped
+// fault model drives these same methods on a fake clock. Shutdown is a mode (stop): no backoff
+// waited out, creates not waiting for the UID, nothing sent after the deadline, and what is left
+// dropped at the end.
 
 const (
-	// maxInFlight bounds the requests out at once for one bucket, beyond
-	// which only a plugin with none out sends one: with numBuckets buckets,
-	// at most 48 requests and one a plugin in each, each in a goroutine of
-	// its own, for at most writeTimeout. Tokens bound the requests that
-	// reach the server; this bounds goroutines and memory whatever BURST is,
-	// and a slow write of a loud plugin does not hold back a quiet one's.
+	// maxInFlight bounds the requests out at once for one bucket, beyond which only a plugin with
+	// none out sends one: with numBuckets buckets, at most 48 requests and one a plugin in each,
+	// each in a goroutine of its own, for at most writeTimeout. Tokens bound the requests that
+	// reach the server; this bounds goroutines and memory whatever BURST is, and a slow write of a
+	// loud plugin does not hold back a quiet one's.
 	maxInFlight = 8
 	// flushPause spaces the tries of a failed write in the flush at shutdown.
 	flushPause = 200 * time.Millisecond
@@ -161,8 +159,7 @@ func (s *scheduler) endLimit() int {
 	return s.set.cacheSize
 }
 
-// stop starts the flush: from now on no backoff is waited out, and
-// nothing is sent after timeout.
+// stop starts the flush: from now on no backoff is waited out, and nothing is sent after timeout.
 func (s *scheduler) stop(now time.Time, timeout time.Duration) {
 	s.stopping, s.deadline, s.now = true, now.Add(timeout), now
 	for _, e := range slices.Clone(s.timers.es) { // those in flight get the flush's pause once back
@@ -195,9 +192,8 @@ func (s *scheduler) dropRemaining() {
 	s.ends.list = nil // they carry no lines: nothing to account for
 }
 
-// dispatch decides what can be sent now, takes a token for each request
-// and returns them, with the time it must be asked again (zero: only when
-// a message comes).
+// dispatch decides what can be sent now, takes a token for each request and returns them, with the
+// time it must be asked again (zero: only when a message comes).
 func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 	if s.expired {
 		return nil, time.Time{}
@@ -265,9 +261,8 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 	return reqs
 }
 
-// holding tells that, in the flush, bucket b's last token waits for a
-// patch in flight (for at most its time-out): should the event be gone,
-// its re-create takes it, not e, which came after.
+// holding tells that, in the flush, bucket b's last token waits for a patch in flight (for at most
+// its time-out): should the event be gone, its re-create takes it, not e, which came after.
 func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
 	if !s.stopping || e.slot.recreate || !s.buckets[b].last(now) {
 		return false
@@ -286,8 +281,7 @@ func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		var since int64
 		if f := s.queues[l].unwritten.Front(); f != nil {
-			// The wall time now less the time that passed: a step of the
-			// wall clock is no wait.
+			// The wall time now less the time that passed: a step of the wall clock is no wait.
 			since = s.now.UnixNano() - int64(s.now.Sub(f.Value.(*entry).first))
 		}
 		bound := time.Duration(min(float64(max(len(s.queues[l].turns), 1))/s.set.qps, 365*24*3600)*1e9) + writeTimeout
@@ -415,9 +409,8 @@ func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request
 	return request{id: id, verb: verbCreate, namespace: ns, event: newEvent(s.pod.ref, s.pod.node, ns, f.name, spec)}
 }
 
-// fatal takes a token for a fatal line and makes its create; false when
-// the bucket has none. It waits for nothing: not for the pod's UID, not
-// for any other request.
+// fatal takes a token for a fatal line and makes its create; false when the bucket has none. It
+// waits for nothing: not for the pod's UID, not for any other request.
 func (s *scheduler) fatal(ln line, now time.Time) (request, bool) {
 	id := s.nextID()
 	if bk := s.buckets[levelFatal]; bk.inFlight() >= maxInFlight || !bk.take(id, now) {
@@ -563,10 +556,9 @@ func (s *scheduler) evicted(e *entry) {
 	s.retire(e)
 }
 
-// retire decides the fate of an evicted entry once no write of it is in
-// flight: its pending lines are dropped, unless its latest write got no
-// answer; then it stays, for as long as there is room, until one more
-// write settles what the API holds.
+// retire decides the fate of an evicted entry once no write of it is in flight: its pending lines
+// are dropped, unless its latest write got no answer; then it stays, for as long as there is room,
+// until one more write settles what the API holds.
 func (s *scheduler) retire(e *entry) {
 	if !e.evicted || e.inflight != 0 {
 		s.place(e)

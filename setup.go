@@ -148,8 +148,7 @@ func parseRate(c *caddy.Controller, args []string, cfg *config) error {
 	return err
 }
 
-// parseQuiet reads `quiet DURATION|off`: a Go duration in [1s, 24h], or
-// off (returned as 0).
+// parseQuiet reads `quiet DURATION|off`: a Go duration in [1s, 24h], or off (returned as 0).
 func parseQuiet(c *caddy.Controller, args []string) (time.Duration, error) {
 	if len(args) != 1 {
 		return 0, c.Errf("quiet takes one value, a DURATION or off: %q", strings.Join(args, " "))

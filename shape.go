@@ -5,8 +5,7 @@ import (
 	"strings"
 )
 
-// Placeholders of the parts of a line that vary between occurrences of one
-// error.
+// Placeholders of the parts of a line that vary between occurrences of one error.
 const (
 	shapeName = "<name>" // a DNS name
 	shapeIP   = "<ip>"   // an IPv4 or IPv6 address, with or without a port
@@ -16,18 +15,16 @@ const (
 	shapeUUID = "<uuid>" // a UUID
 )
 
-// lineShape is the shape of a log line: its text with DNS names, IP
-// addresses (v4, v6, with or without a port, a->b pairs), port numbers,
-// numbers, durations and hexadecimal or UUID identifiers replaced by
-// placeholders, so that
+// lineShape is the shape of a log line: its text with DNS names, IP addresses (v4, v6, with or
+// without a port, a->b pairs), port numbers, numbers, durations and hexadecimal or UUID identifiers
+// replaced by placeholders, so that
 //
 //	plugin/errors: 2 a.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout
 //	plugin/errors: 2 b.example.net. AAAA: read udp 10.0.0.5:50112->10.0.0.2:53: i/o timeout
 //
-// have one shape, plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o
-// timeout (the query type stays: it is a word). It works on words separated
-// by spaces, each stripped of the punctuation around it; the shape of a
-// shape is itself. It is only a key: the line's text is never changed.
+// have one shape, plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o timeout (the query type
+// stays: it is a word). It works on words separated by spaces, each stripped of the punctuation
+// around it; the shape of a shape is itself. It is only a key: the line's text is never changed.
 func lineShape(s string) string {
 	return string(appendShape(make([]byte, 0, len(s)), s))
 }
@@ -35,9 +32,8 @@ func lineShape(s string) string {
 // shapeSeed keys shapeHash: shapes are compared only within one process.
 var shapeSeed = maphash.MakeSeed()
 
-// shapeHash is a 64-bit hash of lineShape(s): the correlator's key for a
-// combined event. The shape is built in a buffer on the stack, so that a
-// message costs no allocation.
+// shapeHash is a 64-bit hash of lineShape(s): the correlator's key for a combined event. The shape
+// is built in a buffer on the stack, so that a message costs no allocation.
 func shapeHash(s string) uint64 {
 	var buf [shapeBufSize]byte
 	return maphash.Bytes(shapeSeed, appendShape(buf[:0], s))
@@ -46,11 +42,10 @@ func shapeHash(s string) uint64 {
 // shapeBufSize holds any message's shape: "1 " becomes "<n> ", no more.
 const shapeBufSize = 2*maxMessageBytes + len(shapeName)
 
-// appendShape appends the shape of s to b. It goes through s once, word by
-// word; a word without a digit, '.', ':', '=' or '>' cannot hold anything a
-// placeholder replaces, and is copied as it is. A backslash escapes the
-// byte after it, a space too, as in a name CoreDNS prints ("a\ b.example.").
-// Every step is linear in the length of the word.
+// appendShape appends the shape of s to b. It goes through s once, word by word; a word without a
+// digit, '.', ':', '=' or '>' cannot hold anything a placeholder replaces, and is copied as it is.
+// A backslash escapes the byte after it, a space too, as in a name CoreDNS prints ("a\
+// b.example."). Every step is linear in the length of the word.
 func appendShape(b []byte, s string) []byte {
 	start, m := 0, charClass(0)
 	for i := 0; i < len(s); i++ {
@@ -122,8 +117,7 @@ func appendWord(b []byte, w string, m charClass) []byte {
 		}
 		start++
 	}
-	// Of a run of openings, only the last '[' can open an address: the
-	// others have a '[' in it.
+	// Of a run of openings, only the last '[' can open an address: the others have a '[' in it.
 	if bracket >= 0 {
 		if n, ok := bracketedIP(w[bracket:]); ok {
 			b = append(append(b, w[:bracket]...), shapeIP...)
@@ -138,8 +132,7 @@ func appendWord(b []byte, w string, m charClass) []byte {
 	return append(b, w[end:]...)
 }
 
-// escaped tells whether w[i] follows a backslash that escapes it: an odd
-// number of them.
+// escaped tells whether w[i] follows a backslash that escapes it: an odd number of them.
 func escaped(w string, i int) bool {
 	n := 0
 	for i > n && w[i-n-1] == '\\' {
@@ -175,9 +168,8 @@ const (
 	classGt
 	classOther // the other letters, and every other byte
 
-	// shaped are the classes without which no placeholder can replace a
-	// word or a part of it: a name has a dot, a hex identifier a digit or
-	// 0x, an IPv6 address a colon.
+	// shaped are the classes without which no placeholder can replace a word or a part of it: a
+	// name has a dot, a hex identifier a digit or 0x, an IPv6 address a colon.
 	shaped = classDigit | classDot | classColon | classEq | classGt
 )
 
@@ -226,9 +218,8 @@ func endOfDigits(w string, i int) int {
 	return i
 }
 
-// shapeOf is the placeholder of a word stripped of punctuation, or the
-// word itself. m is the set of the classes of w's bytes: each test runs only
-// when they allow it to match.
+// shapeOf is the placeholder of a word stripped of punctuation, or the word itself. m is the set of
+// the classes of w's bytes: each test runs only when they allow it to match.
 func shapeOf(w string, m charClass) string {
 	switch {
 	case w == "":
@@ -367,10 +358,9 @@ func isHex(w string) bool {
 	return digit
 }
 
-// isName: two labels or more of the bytes CoreDNS prints unescaped in a
-// name (printable ASCII but . space ' @ ; ( ) " \, '*' as a whole label
-// only) or of its escapes of the others (\DDD, \. and the like), with a
-// letter or an escape somewhere; no URL.
+// isName: two labels or more of the bytes CoreDNS prints unescaped in a name (printable ASCII but .
+// space ' @ ; ( ) " \, '*' as a whole label only) or of its escapes of the others (\DDD, \. and the
+// like), with a letter or an escape somewhere; no URL.
 func isName(w string) bool {
 	letter, dot, labelLen := false, false, 0
 	for i := 0; i < len(w); i++ {

@@ -117,10 +117,9 @@ func do(ctx context.Context, client kubernetes.Interface, r request) result {
 	return res
 }
 
-// send makes exactly one HTTP request: no client-go retry on Retry-After
-// (a retry takes its own token), no client rate limiter (the buckets are
-// the limit). reached tells whether its headers were written to a
-// connection: a request that could not connect did not reach the API.
+// send makes exactly one HTTP request: no client-go retry on Retry-After (a retry takes its own
+// token), no client rate limiter (the buckets are the limit). reached tells whether its headers
+// were written to a connection: a request that could not connect did not reach the API.
 func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached bool, err error) {
 	var wrote atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
@@ -133,11 +132,10 @@ func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached 
 	return wrote.Load(), err
 }
 
-// warningCounter counts the warnings of the API's answers. client-go's
-// default handler logs them through klog, which CoreDNS's kubernetes plugin
-// makes lines of a plugin: each warning would become an event whose write
-// is warned about again. Set on every request, never as the process-wide
-// default, which is the other plugins'.
+// warningCounter counts the warnings of the API's answers. client-go's default handler logs them
+// through klog, which CoreDNS's kubernetes plugin makes lines of a plugin: each warning would
+// become an event whose write is warned about again. Set on every request, never as the
+// process-wide default, which is the other plugins'.
 type warningCounter struct{ verb verb }
 
 func (w warningCounter) HandleWarningHeader(code int, _, message string) {
