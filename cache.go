@@ -34,15 +34,8 @@ type groups []*group
 
 func (h groups) Len() int           { return len(h) }
 func (h groups) Less(i, j int) bool { return h[i].Len() > h[j].Len() }
-func (h groups) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].at, h[j].at = i, j
-}
-func (h *groups) Push(x any) {
-	g := x.(*group)
-	g.at = len(*h)
-	*h = append(*h, g)
-}
+func (h groups) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].at, h[j].at = i, j }
+func (h *groups) Push(x any)        { g := x.(*group); g.at = len(*h); *h = append(*h, g) }
 func (h *groups) Pop() any {
 	g := (*h)[len(*h)-1]
 	*h = (*h)[:len(*h)-1]
@@ -79,8 +72,7 @@ func (c *cache) add(e *entry) {
 	c.place(e, true)
 }
 
-// place puts e in the queue its state says; seen moves it to the back of
-// its queue even when it stays in it.
+// place puts e in the queue its state says; seen moves it to the back even when it stays in it.
 func (c *cache) place(e *entry, seen bool) {
 	if e.in == nil && c.entries[e.key] != e {
 		return // evicted, or an end
@@ -109,7 +101,6 @@ func (c *cache) place(e *entry, seen bool) {
 
 func groupKey(e *entry) windowKey { return windowKey{e.key.level, e.key.plugin} }
 
-// queueOf is the queue e belongs in.
 func (c *cache) queueOf(e *entry) *list.List {
 	switch {
 	case e.inflight != 0 || e.pending() > 0 && e.dropped == 0:

@@ -101,7 +101,6 @@ func (w *window) spent(at time.Duration) int {
 	return n
 }
 
-// spend records a new event made at at.
 func (w *window) spend(at time.Duration) {
 	w.made[w.next] = at
 	w.next = (w.next + 1) % budget
@@ -124,7 +123,6 @@ func newCorrelator(size int, evicted func(*entry)) *correlator {
 	return &correlator{cache: newCache(size, evicted), windows: map[windowKey]*window{}}
 }
 
-// observe folds one line into its entry and returns the entry.
 func (c *correlator) observe(ln line) *entry {
 	msg := eventMessage(ln.text)
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
@@ -169,8 +167,7 @@ func (c *correlator) observe(ln line) *entry {
 	return e
 }
 
-// note is the message a write of e says: a combined event names its
-// heavy hitters before its latest line.
+// note is what a write of e says: a combined event names its top members before its latest line.
 func (e *entry) note() string {
 	if e.hitters == nil {
 		return e.message
@@ -250,11 +247,3 @@ func (c *correlator) window(wk windowKey, at time.Duration) *window {
 	c.lastKey, c.last = wk, w
 	return w
 }
-
-// resize keeps at most size entries.
-func (c *correlator) resize(size int) { c.cache.resize(size) }
-
-func (c *correlator) len() int { return len(c.cache.entries) }
-
-// place files e anew in the cache once a write of it is back.
-func (c *correlator) place(e *entry) { c.cache.place(e, false) }

@@ -152,12 +152,9 @@ func (p *flow) calmAt() int64 {
 }
 
 // ends are the ends decided and not yet written, oldest first. Owned by the scheduler's goroutine.
-type ends struct {
-	list []*entry
-}
+type ends struct{ list []*entry }
 
-// add keeps end unless limit ends wait already: a storm that ends beyond
-// that starts afresh without one.
+// add keeps end unless limit ends wait already: a storm ending beyond that starts afresh.
 func (q *ends) add(end *entry, limit int) {
 	if len(q.list) < limit {
 		q.list = append(q.list, end)

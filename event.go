@@ -178,9 +178,8 @@ const (
 	labelLevel  = "coredns.io/level"
 )
 
-// pluginLabel is the plugin's name in CoreDNS's prefix "plugin/NAME: ", made a valid label value:
-// at most 63 characters of [A-Za-z0-9-_.], beginning and ending with a letter or digit; "unknown"
-// when nothing is left.
+// pluginLabel is the NAME of CoreDNS's prefix "plugin/NAME: " made a valid label value: at most 63
+// characters of [A-Za-z0-9-_.], a letter or digit at each end; "unknown" when nothing is left.
 func pluginLabel(prefix string) string {
 	name := strings.TrimSuffix(strings.TrimPrefix(prefix, "plugin/"), ": ")
 	b := []byte(name)
@@ -197,8 +196,7 @@ func pluginLabel(prefix string) string {
 	return name
 }
 
-// countPatch is the strategic-merge patch of a repeat: the total count, the
-// last time and the latest message.
+// countPatch is the strategic-merge patch of a repeat: count, last time and latest message.
 func countPatch(s writeSpec) []byte {
 	patch, _ := json.Marshal(map[string]any{
 		"count":         clampCount(s.count),

@@ -397,7 +397,7 @@ func (m *model) check() error {
 			}
 		}
 		doubt += float64(s.doubtful)
-		settling, cached, cacheSize = len(s.settling), s.corr.len(), s.set.cacheSize
+		settling, cached, cacheSize = len(s.settling), len(s.corr.cache.entries), s.set.cacheSize
 		for e := range s.settling {
 			if e.inflight != 0 {
 				settling-- // a shrink leaves it until its answer is back

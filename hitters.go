@@ -53,7 +53,6 @@ func (s hitter) low(storm bool) int64 {
 	return s.count - s.err
 }
 
-// hitters is the summary of the members of a combined event.
 type hitters struct {
 	slots  []hitter
 	lines  int64
@@ -119,8 +118,7 @@ func (h *hitters) upperBound(member string) int64 {
 	return int64(min(h.sketch[0][uint8(x)], h.sketch[1][uint8(x>>8)]))
 }
 
-// top lists the members above lines/hitterSlots with two lines or more
-// (of the current storm), most first.
+// top lists the members that are isTop, most first.
 func (h *hitters) top(storm bool) []hitter {
 	out := slices.DeleteFunc(slices.Clone(h.slots), func(s hitter) bool { return !h.isTop(s, storm) })
 	slices.SortFunc(out, func(a, b hitter) int { return int(b.count - a.count) })

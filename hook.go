@@ -20,15 +20,11 @@ const (
 )
 
 var levelNames = [numLevels]string{"debug", "info", "warning", "error", "fatal"}
-
 var levelReasons = [numLevels]string{"CoreDNSDebug", "CoreDNSInfo", "CoreDNSWarning", "CoreDNSError", "CoreDNSFatal"}
 
 func (l level) String() string { return levelNames[l] }
-
-// reason is the event reason for lines of this level.
 func (l level) reason() string { return levelReasons[l] }
 
-// eventType is Normal for debug and info lines and Warning for the rest.
 func (l level) eventType() string {
 	if l <= levelInfo {
 		return "Normal"
@@ -36,7 +32,6 @@ func (l level) eventType() string {
 	return "Warning"
 }
 
-// levelSet is a bit set of levels.
 type levelSet uint32
 
 func (s levelSet) has(l level) bool { return s&(1<<l) != 0 }
@@ -91,17 +86,15 @@ func newListener(clk clock.PassiveClock, fatal func(line)) *listener {
 // queueSize bounds the lines waiting between the listener and the scheduler.
 const queueSize = 1024
 
-// capture is the listener's only work. It runs inside whatever goroutine
-// logged, often a DNS query. A line at a level that is off costs a bit test:
-// capture is small enough to be inlined into each listener method.
+// capture is the listener's only work. A line at a level that is off costs a bit test: capture is
+// small enough to be inlined into each listener method.
 func (h *listener) capture(l level, plugin string, format string, formatted bool, v []any) {
 	if levelSet(h.levels.Load()).has(l) {
 		h.take(l, plugin, format, formatted, v)
 	}
 }
 
-// take formats a line and hands it off without blocking. It takes no lock,
-// does no I/O and never logs.
+// take formats a line and hands it off without blocking: no lock, no I/O, never a log line.
 func (h *listener) take(l level, plugin string, format string, formatted bool, v []any) {
 	if plugin == ownPrefix {
 		return
@@ -110,9 +103,7 @@ func (h *listener) take(l level, plugin string, format string, formatted bool, v
 	buf := appendLine(append(stack[:0], plugin...), format, formatted, v)
 	ln := line{level: l, plugin: plugin, text: string(buf), at: h.clock.Now()}
 	linesTotal[l].Inc()
-
 	if l == levelFatal {
-		// CoreDNS calls os.Exit right after the listeners return.
 		h.fatal(ln)
 		return
 	}
@@ -123,48 +114,31 @@ func (h *listener) take(l level, plugin string, format string, formatted bool, v
 	}
 }
 
-// The methods below make a listener a CoreDNS log listener (plugin/pkg/log.Listener).
-
-// Name implements log.Listener. One name for the whole process: registering
-// again replaces, it never adds a second listener.
+// The methods below make a listener a CoreDNS log listener (plugin/pkg/log.Listener). One name
+// for the whole process: registering again replaces, it never adds a second listener.
 func (h *listener) Name() string { return pluginName }
 
-// Debug implements log.Listener.
 func (h *listener) Debug(plugin string, v ...any) { h.capture(levelDebug, plugin, "", false, v) }
-
-// Debugf implements log.Listener.
 func (h *listener) Debugf(plugin, format string, v ...any) {
 	h.capture(levelDebug, plugin, format, true, v)
 }
 
-// Info implements log.Listener.
 func (h *listener) Info(plugin string, v ...any) { h.capture(levelInfo, plugin, "", false, v) }
-
-// Infof implements log.Listener.
 func (h *listener) Infof(plugin, format string, v ...any) {
 	h.capture(levelInfo, plugin, format, true, v)
 }
 
-// Warning implements log.Listener.
 func (h *listener) Warning(plugin string, v ...any) { h.capture(levelWarning, plugin, "", false, v) }
-
-// Warningf implements log.Listener.
 func (h *listener) Warningf(plugin, format string, v ...any) {
 	h.capture(levelWarning, plugin, format, true, v)
 }
 
-// Error implements log.Listener.
 func (h *listener) Error(plugin string, v ...any) { h.capture(levelError, plugin, "", false, v) }
-
-// Errorf implements log.Listener.
 func (h *listener) Errorf(plugin, format string, v ...any) {
 	h.capture(levelError, plugin, format, true, v)
 }
 
-// Fatal implements log.Listener.
 func (h *listener) Fatal(plugin string, v ...any) { h.capture(levelFatal, plugin, "", false, v) }
-
-// Fatalf implements log.Listener.
 func (h *listener) Fatalf(plugin, format string, v ...any) {
 	h.capture(levelFatal, plugin, format, true, v)
 }

@@ -156,8 +156,7 @@ func init() {
 	caddy.OnProcessExit = append(caddy.OnProcessExit, global.exit)
 }
 
-// registerExitingHook registers the hook that tells the process is exiting,
-// unless it is registered already.
+// registerExitingHook registers the hook that tells the process is exiting, unless it is there.
 func registerExitingHook() {
 	defer func() {
 		// caddy has no look-up of hooks, and panics on a second registration

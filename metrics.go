@@ -12,8 +12,7 @@ import (
 
 const subsystem = "k8s_event"
 
-// dropReason is why lines were given up: the "cause" label of dropped_total.
-// It is a cause, not an event reason.
+// dropReason is why lines were given up: the "cause" label of dropped_total, not an event reason.
 type dropReason uint8
 
 const (
@@ -70,12 +69,10 @@ var (
 		"Number of captured lines that no successful write has carried yet and that are not dropped.")))
 )
 
-// opts names a metric of the plugin's.
 func opts(name, help string) prometheus.Opts {
 	return prometheus.Opts{Namespace: plugin.Namespace, Subsystem: subsystem, Name: name, Help: help}
 }
 
-// counterVec registers a counter of the plugin's, by labels.
 func counterVec(name string, labels []string, help string) *prometheus.CounterVec {
 	return promauto.NewCounterVec(prometheus.CounterOpts(opts(name, help)), labels)
 }

@@ -138,7 +138,6 @@ func (p *pipeline) run() {
 	}
 }
 
-// send hands r to a writer goroutine of its own.
 func (p *pipeline) send(r request) {
 	client := p.client
 	go func() {
@@ -212,8 +211,7 @@ func (p *pipeline) writeFatal(ln line) {
 // deregister removes the listener and closes the hand-off: after it, no line enters the pipeline.
 func (p *pipeline) deregister() {
 	p.closeOnce.Do(func() {
-		// Deregistering waits for listener calls in flight, so nothing
-		// sends on the hand-off once it returns.
+		// Deregistering waits for listener calls in flight: none sends on the hand-off after it.
 		clog.DeregisterListener(p.listener)
 		close(p.listener.lines)
 	})

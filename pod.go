@@ -73,7 +73,6 @@ func (id *podIdentity) readDue(now time.Time, stopping bool) (wait time.Duration
 	return max(id.nextTry.Sub(now), id.asked.Sub(now), 0), true
 }
 
-// read is the request that reads the pod.
 func (id *podIdentity) read(reqID uint64) request {
 	id.reading = reqID
 	return request{id: reqID, verb: id.verb, namespace: id.ref.Namespace, name: id.ref.Name}

@@ -37,7 +37,6 @@ func newBucket(qps float64, burst int, now time.Time) *bucket {
 	return &bucket{qps: qps, burst: float64(burst), tokens: float64(burst), at: now, out: map[uint64]struct{}{}}
 }
 
-// advance refills the bucket up to now.
 func (b *bucket) advance(now time.Time) {
 	if now.After(b.at) {
 		d := b.qps * now.Sub(b.at).Seconds()
@@ -54,8 +53,7 @@ func (b *bucket) advance(now time.Time) {
 // above a later one, since it holds every request out the later one holds, and the same give-backs
 // raise it as much; of two that hold the same requests, the greater.
 func (b *bucket) prune() {
-	least := b.burst
-	w := len(b.bounds)
+	least, w := b.burst, len(b.bounds)
 	for i := len(b.bounds) - 1; i >= 0; i-- { // newest first
 		if b.bounds[i].v < least {
 			least = b.bounds[i].v
@@ -77,7 +75,6 @@ func (b *bucket) prune() {
 	b.tokens = least
 }
 
-// take takes a token for request id, if there is one.
 func (b *bucket) take(id uint64, now time.Time) bool {
 	b.advance(now)
 	if b.tokens < 1 {
@@ -137,7 +134,6 @@ func (b *bucket) set(qps float64, burst int, now time.Time) {
 	b.prune()
 }
 
-// inFlight is the number of requests out with a token of this bucket.
 func (b *bucket) inFlight() int { return len(b.out) }
 
 const (

@@ -119,7 +119,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 		b.set(set.qps, set.burst, now)
 	}
 	s.set = set
-	s.corr.resize(set.cacheSize)
+	s.corr.cache.resize(set.cacheSize)
 	s.corr.quiet = set.quiet
 	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
 		for _, e := range s.corr.cache.values() {
@@ -362,10 +362,7 @@ func bucketOf(e *entry) level {
 	return e.key.level
 }
 
-func (s *scheduler) nextID() uint64 {
-	s.lastID++
-	return s.lastID
-}
+func (s *scheduler) nextID() uint64 { s.lastID++; return s.lastID }
 
 // deferred counts an event that found its bucket empty, once until its next request.
 func (s *scheduler) deferred(e *entry, b level) {
@@ -424,7 +421,6 @@ func (s *scheduler) fatal(ln line, now time.Time) (request, bool) {
 	return request{id: id, verb: verbCreate, namespace: ns, event: newEvent(s.pod.ref, s.pod.node, ns, name, spec)}, true
 }
 
-// outcome takes the result of a request.
 func (s *scheduler) outcome(res result, now time.Time) {
 	f, ok := s.flights[res.id]
 	if !ok {
@@ -455,7 +451,7 @@ func (s *scheduler) outcome(res result, now time.Time) {
 		s.endDone(f.e, f, res, now)
 	default:
 		s.linesDone(f.e, f, res, now)
-		s.corr.place(f.e)
+		s.corr.cache.place(f.e, false)
 		s.retire(f.e)
 	}
 }
@@ -551,10 +547,7 @@ func (s *scheduler) failed(e *entry, res result, now time.Time) {
 	s.report(now, res.err)
 }
 
-func (s *scheduler) evicted(e *entry) {
-	e.evicted = true
-	s.retire(e)
-}
+func (s *scheduler) evicted(e *entry) { e.evicted = true; s.retire(e) }
 
 // retire decides the fate of an evicted entry once no write of it is in flight: its pending lines
 // are dropped, unless its latest write got no answer; then it stays, for as long as there is room,

@@ -823,7 +823,7 @@ func TestReloadLooksAgainAtThrottled(t *testing.T) {
 	h.observe(ln(levelError, "errors", "x", clk.Now()))
 	h.observe(ln(levelError, "errors", "y", clk.Now()))
 	h.apply(testConfig(all, 10, 10, 1))
-	if n := h.s.corr.len(); n != 1 {
+	if n := len(h.s.corr.cache.entries); n != 1 {
 		t.Errorf("cache holds %d after a resize to 1", n)
 	}
 	if d := readLedger().since(before); d.dropped[dropEvicted] != 1 {
@@ -1079,8 +1079,8 @@ func BenchmarkSchedulingPass(b *testing.B) {
 				if len(reqs) != 1 {
 					b.Fatalf("%d requests in a pass", len(reqs))
 				}
-				if s.corr.len() != 2*n {
-					b.Fatalf("%d events cached, want %d", s.corr.len(), 2*n)
+				if len(s.corr.cache.entries) != 2*n {
+					b.Fatalf("%d events cached, want %d", len(s.corr.cache.entries), 2*n)
 				}
 				f := s.flights[reqs[0].id]
 				s.outcome(result{id: reqs[0].id, outcome: writeOK, reached: true}, now)

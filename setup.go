@@ -28,8 +28,7 @@ const (
 	maxCacheSize = 1 << 20
 )
 
-// Default and accepted range of the quiet option: how long a storm has
-// had no new line when its end is said.
+// Default and accepted range of quiet: how long a storm has had no new line when its end is said.
 const (
 	defaultQuiet = 5 * time.Minute
 	minQuiet     = time.Second
