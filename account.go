@@ -7,8 +7,7 @@ package k8s_event
 //
 //	sum(count of every event written) + pending_lines + dropped_total == lines_total
 //
-// (lines_total also counts a line on its way from the listener to the
-// correlator, which is neither seen nor dropped yet).
+// (lines_total also counts a line between listener and correlator, not yet seen nor dropped).
 type tally struct {
 	seen    int64 // lines of this event
 	carried int64 // lines in the count of the latest successful write
@@ -24,8 +23,7 @@ func (t *tally) see() {
 // pending is the number of lines no write has carried yet.
 func (t *tally) pending() int64 { return t.seen - t.carried - t.dropped }
 
-// carry records a successful write whose count was upTo: every line up to
-// it is now in the event's count in the API.
+// carry records a successful write of count upTo: every line up to it is now in the API's count.
 func (t *tally) carry(upTo int64) {
 	if n := upTo - t.carried; n > 0 && t.dropped == 0 {
 		t.carried = upTo

@@ -60,9 +60,8 @@ type entry struct {
 	// base is the lines carried by earlier objects of this event, each
 	// full at a count of 2^31-1: the count of the current one is seen-base.
 	base int64
-	// storm is the lines of the event before its current storm began, and
-	// stormWritten tells that a write of the current storm landed: an end
-	// speaks of seen-storm lines, and only of a storm the API has seen.
+	// storm is the lines of the event before its current storm began; stormWritten, that a write of
+	// that storm landed: an end speaks of seen-storm lines, and only of a storm the API has seen.
 	storm        int64
 	stormWritten bool
 
@@ -82,9 +81,8 @@ type windowKey struct {
 	plugin string
 }
 
-// window is the budget of one plugin and level: the times of its latest
-// new events, a ring of the budget's size. Times are the correlator's
-// elapsed: a step of the wall clock is no time that passed.
+// window is the budget of one plugin and level: a ring of the times of its latest new events. Times
+// are the correlator's elapsed: a step of the wall clock is no time that passed.
 type window struct {
 	made [budget]time.Duration
 	next int

@@ -60,8 +60,7 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 	return at.Add(handOffGrace), true
 }
 
-// endOf makes the end of e's storm, decided at now. Later lines keep counting on the same object;
-// the next end comes once they rose above the threshold again.
+// endOf makes the end of e's storm, decided at now.
 func endOf(e *entry, now time.Time) *entry {
 	about, top, shapes := e.message, "", 0
 	if e.key.combined() { // its shape, not a line of one of its members

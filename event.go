@@ -90,9 +90,8 @@ func hidden(r rune) bool {
 // cutMarker stands for the middle of a message cut by cutMiddle.
 const cutMarker = " ...(cut)... "
 
-// cutMiddle keeps the start and the end of s, at most limit bytes in all
-// with cutMarker between them: an error's cause usually ends its line
-// ("... i/o timeout"). The cuts fall between runes and outside escapes.
+// cutMiddle keeps both ends of s, at most limit bytes with cutMarker between them: an error's cause
+// often ends its line ("... i/o timeout"). Cuts fall between runes, outside escapes.
 func cutMiddle(s string, limit int) string {
 	if len(s) <= limit {
 		return s
@@ -253,10 +252,9 @@ func endReason(l level) string { return l.reason() + "Ended" }
 //
 //	plugin/errors: 195 lines like "<n> <name>. A: ...: i/o timeout" (most: a.example.org ≥40) from 10:02:13 to 10:07:40, none since
 //
-// The end of the lines of other shapes (shapes > 0) says how many shapes they had instead:
+// The end of the other shapes' lines (shapes > 0) gives their number of shapes instead:
 // "plugin/errors: 40 lines of 12 other shapes from ...". prefix is the plugin's "plugin/NAME: ";
-// about may start with it. The quoted text is cut, with a visible marker, so that the whole fits
-// maxMessageBytes.
+// about may start with it. The quoted text is cut, with a visible marker, to fit maxMessageBytes.
 func endMessage(prefix, about, top string, shapes int, count int64, first, last time.Time) string {
 	first, last = first.UTC(), last.UTC()
 	layout := time.TimeOnly

@@ -49,9 +49,8 @@ func (s levelSet) String() string {
 	return out
 }
 
-// ownPrefix is how CoreDNS names this plugin in a plugin logger's line. The
-// plugin never logs through a plugin logger, but a line carrying this prefix is
-// ignored all the same, so that no event can ever beget another.
+// ownPrefix is how CoreDNS names this plugin in a plugin logger's line. The plugin never logs
+// through one, but a line with this prefix is ignored all the same: no event can beget another.
 const ownPrefix = "plugin/" + pluginName + ": "
 
 // line is one captured log line on its way to the scheduler.
@@ -65,8 +64,7 @@ type line struct {
 // lineBuffer is the size of the listener's formatting buffer, on the stack of the goroutine that
 // logs: longer lines go to the heap. A query's goroutine often comes to its first log call with its
 // stack nearly full and grows it there. The buffer makes that happen as take starts, with few
-// frames to walk in the copy, rather than deep in a formatter; CoreDNS's own formatting of the line
-// then finds the room.
+// frames to copy, rather than deep in a formatter; CoreDNS's formatting then finds the room.
 const lineBuffer = 512
 
 // listener is the CoreDNS log listener: it runs inside whatever goroutine logged, often a DNS

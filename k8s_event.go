@@ -1,6 +1,5 @@
-// Package k8s_event is a CoreDNS plugin that turns the log lines of CoreDNS
-// plugins into Kubernetes Events on the CoreDNS pod, so that `kubectl get
-// events` and `kubectl describe pod` show what CoreDNS logged.
+// Package k8s_event is a CoreDNS plugin that turns CoreDNS's log lines into Kubernetes Events on
+// its pod, so that `kubectl get events` and `kubectl describe pod` show what CoreDNS logged.
 //
 // Only the listener runs on the DNS path; one goroutine owns everything
 // else that decides what to write, and writers only do I/O:
@@ -17,8 +16,7 @@
 //	  pod.go                   the pod the events are about, and its UID
 //	writers (writer.go)        one HTTP request each, and what came of it
 //
-// Events are built in event.go; account.go is the one place where lines
-// move between seen, carried by a write, and dropped.
+// Events are built in event.go; only account.go moves lines between seen, carried and dropped.
 //
 // One pipeline serves the whole process, whatever the number of server blocks and across reloads:
 // the broadcaster below attaches caddy instances to it and stops it when the last one is gone.

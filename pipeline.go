@@ -173,9 +173,8 @@ func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 }
 
 // writeFatal writes a fatal line at once, in the goroutine that logged it: CoreDNS exits right
-// after the listeners return, so nothing queued would ever be written. It takes a token of the
-// fatal bucket like any write, waits for no other write and for no UID lookup, and gives up after
-// fatalTimeout.
+// after the listeners return, and nothing queued would be written. It takes a token of the fatal
+// bucket like any write, waits for no other write nor the UID, and gives up after fatalTimeout.
 func (p *pipeline) writeFatal(ln line) {
 	var t tally
 	t.see()

@@ -9,9 +9,8 @@ import (
 // The token buckets: one per reason of BURST tokens refilled at QPS, and one for the ends of storms
 // (endBucket). A request takes a token when it is sent, retries and pod reads included, so the
 // requests of a reason that reach the API server over any T are at most BURST + QPS x T. One that
-// never reached the server gives its token back, exactly as far as the bucket would hold had it
-// never been made (x/time/rate cannot give back part of a token). Owned by the scheduler's
-// goroutine; no lock.
+// never reached the server gives its token back, as far as the bucket would hold had it never been
+// made (x/time/rate cannot give back part of a token). Owned by the scheduler's goroutine; no lock.
 //
 // The tokens at any time are the least, over every moment s before, of BURST at s plus the refills
 // since, less the tokens taken since (and BURST now). A request handed back is taken out of every

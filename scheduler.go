@@ -91,8 +91,7 @@ func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 	return s
 }
 
-// observe takes one line. It tells whether the line may let a request go
-// now: its event had nothing pending and nothing in flight.
+// observe takes a line; true if its event had nothing pending or in flight: a request may go now.
 func (s *scheduler) observe(ln line) bool {
 	e := s.corr.observe(ln)
 	if ln.at.After(s.observed) {
@@ -529,13 +528,11 @@ func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
 	if waits {
 		s.place(e)
 	}
-	// A reload during the request may have turned quiet off or shrunk the
-	// cache: an end still to write is held to them once it is back.
+	// A reload during the request may have turned quiet off or shrunk the cache: trim again.
 	s.trimEnds()
 }
 
-// failed books a write that may pass if tried again: after a backoff, or
-// the flush's pause, and no sooner than a Retry-After asks.
+// failed books a write a retry may pass: after a backoff or the flush's pause, and any Retry-After.
 func (s *scheduler) failed(e *entry, res result, now time.Time) {
 	e.asked = now.Add(res.retryAfter)
 	e.failures++

@@ -58,8 +58,7 @@ func setup(c *caddy.Controller) error {
 		return plugin.Error(pluginName, err)
 	}
 	if inst != nil {
-		// The first block of a Corefile wires the instance's hooks; one
-		// set of hooks per instance, however many blocks enable k8s_event.
+		// The first block wires the hooks: one set, however many blocks enable k8s_event.
 		c.OnStartup(inst.startup)
 		c.OnShutdown(inst.shutdown)
 		c.OnRestartFailed(inst.restartFailed)

@@ -19,9 +19,8 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// Writers do I/O only: a prepared request in, what happened out; the
-// scheduler decides what the answer means for the event. Each request runs
-// in a goroutine of its own: one that hangs holds up only its own event.
+// Writers do I/O only: a prepared request in, what happened out; the scheduler decides what the
+// answer means. Each request runs in its own goroutine: one that hangs holds up only its event.
 
 const (
 	writeTimeout = 10 * time.Second
@@ -177,8 +176,7 @@ func statusCode(err error) int {
 	return 0
 }
 
-// countAnswer counts an error answer: as expected (part of the normal
-// course, as the scheduler says), or as a failure.
+// countAnswer counts an error answer: expected (normal, as the scheduler says), or a failure.
 func countAnswer(res result, expected string) {
 	if res.err == nil {
 		return
