@@ -77,13 +77,9 @@ func (c *cache) place(e *entry, seen bool) {
 	if e.in == nil && c.entries[e.key] != e {
 		return // evicted, or an end
 	}
-	if seen && e.in != nil && e.in != &c.written && e.in != &c.storms && (e.inflight != 0 || e.pending() > 0 && e.dropped == 0) {
-		e.in.MoveToBack(e.elem) // stays in its group, which keeps its size: the heap stays
-		return
-	}
 	if c.queueOf(e) == e.in {
 		if seen {
-			e.in.MoveToBack(e.elem)
+			e.in.MoveToBack(e.elem) // its group keeps its size: the heap stays
 		}
 		return
 	}
@@ -104,6 +100,9 @@ func groupKey(e *entry) windowKey { return windowKey{e.key.level, e.key.plugin} 
 func (c *cache) queueOf(e *entry) *list.List {
 	switch {
 	case e.inflight != 0 || e.pending() > 0 && e.dropped == 0:
+		if e.in != nil && e.in != &c.written && e.in != &c.storms {
+			return e.in // its group: an entry's plugin and level never change
+		}
 		g, ok := c.pending[groupKey(e)]
 		if !ok {
 			g = &group{key: groupKey(e)}

@@ -173,3 +173,25 @@ func benchCacheBytes(b *testing.B, n int) {
 	runtime.KeepAlive(ends)
 	runtime.KeepAlive(lines) // their texts are no part of the cache
 }
+
+// TestCacheCountsEntriesOfOneMember: the cache knows how many of its entries
+// are of one member's lines, as they come and go, so that the correlator
+// looks for a member's own event only when there can be one.
+func TestCacheCountsEntriesOfOneMember(t *testing.T) {
+	c := newCache(2, func(*entry) {})
+	count := func() int {
+		n := 0
+		for _, e := range c.entries {
+			if e.key.member != "" {
+				n++
+			}
+		}
+		return n
+	}
+	for i, member := range []string{"a.example.", "", "b.example.", "", ""} {
+		c.add(&entry{key: eventKey{level: levelError, plugin: "plugin/errors: ", shape: uint64(i), member: member}})
+		if c.members != count() {
+			t.Fatalf("after %d adds: members %d, want %d", i+1, c.members, count())
+		}
+	}
+}
