@@ -44,6 +44,7 @@ type fakeAPI struct {
 	events   map[string]*corev1.Event // by namespace/name
 	pods     map[string]*corev1.Pod
 	reasons  map[string]string // the reason of every event name ever created
+	plugins  map[string]string // the plugin of every event name ever created
 	requests []apiRequest      // every request that reached the server
 	refused  int               // requests refused before they left the client
 	fault    func(apiRequest) fault
@@ -58,6 +59,7 @@ type apiRequest struct {
 	resource string // events or pods
 	name     string // empty for a create
 	reason   string // of the event written
+	plugin   string // of the event written
 	at       time.Time
 	code     int // the status answered; 0 when none was
 }
@@ -92,7 +94,7 @@ func (api *fakeAPI) close() {
 
 // startFakeAPI starts a fake API server; close stops it.
 func startFakeAPI(clk clock.PassiveClock) (*fakeAPI, error) {
-	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, sent: map[int]sentRequest{}, closing: make(chan struct{})}
+	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, plugins: map[string]string{}, sent: map[int]sentRequest{}, closing: make(chan struct{})}
 	api.srv = httptest.NewServer(http.HandlerFunc(api.serve))
 	cfg := &rest.Config{
 		Host: api.srv.URL, // client-go's defaults, as kubeapi leaves them: QPS 5, burst 10
@@ -140,7 +142,7 @@ func (api *fakeAPI) decide(r *http.Request) (int, fault) {
 	defer api.mu.Unlock()
 	var f fault
 	if api.fault != nil {
-		f = api.fault(api.describe(r, ""))
+		f = api.fault(api.describe(r, nil))
 	}
 	if f.unsent {
 		api.refused++
@@ -188,7 +190,7 @@ func (api *fakeAPI) lose(rt http.RoundTripper, req *http.Request, seq int, f fau
 		var ev corev1.Event
 		_ = json.Unmarshal(body, &ev)
 		api.mu.Lock()
-		req := api.describe(r, ev.Reason)
+		req := api.describe(r, &ev)
 		sent, _ := api.take(seq)
 		req.at = sent.at
 		api.requests = append(api.requests, req)
@@ -205,20 +207,22 @@ func (api *fakeAPI) setFault(f func(apiRequest) fault) {
 
 // describe names a request by its method and path; reason is filled in
 // for event writes. Called with api.mu held.
-func (api *fakeAPI) describe(r *http.Request, reason string) apiRequest {
+func (api *fakeAPI) describe(r *http.Request, ev *corev1.Event) apiRequest {
 	// /api/v1/namespaces/NS/RESOURCE[/NAME]
 	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	req := apiRequest{at: api.clock.Now()}
+	if ev != nil {
+		req.reason, req.plugin = ev.Reason, ev.Labels[labelPlugin]
+	}
 	if len(parts) >= 5 {
 		req.resource = parts[4]
 	}
 	if len(parts) >= 6 {
 		req.name = parts[5]
-		if reason == "" {
-			reason = api.reasons[parts[3]+"/"+req.name]
+		if req.reason == "" {
+			req.reason, req.plugin = api.reasons[parts[3]+"/"+req.name], api.plugins[parts[3]+"/"+req.name]
 		}
 	}
-	req.reason = reason
 	switch r.Method {
 	case http.MethodPost:
 		req.verb = "create"
@@ -248,7 +252,7 @@ func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	api.mu.Lock()
-	req := api.describe(r, ev.Reason)
+	req := api.describe(r, &ev)
 	seq, _ := strconv.Atoi(r.Header.Get(faultHeader))
 	sent, ok := api.take(seq)
 	f := sent.fault
@@ -329,6 +333,7 @@ func (api *fakeAPI) handle(w http.ResponseWriter, r *http.Request, req apiReques
 		ev.UID = types.UID(fmt.Sprint("event-", api.rv))
 		api.events[key] = ev.DeepCopy()
 		api.reasons[key] = ev.Reason
+		api.plugins[key] = ev.Labels[labelPlugin]
 		return writeObject(w, http.StatusCreated, ev)
 	case req.resource == "events" && req.verb == "patch":
 		stored, ok := api.events[ns+"/"+req.name]

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -36,9 +37,9 @@ func TestFaultModelConcurrent(t *testing.T) {
 			t.Fatalf("seed %d: %v\nreplay: go test -race -run 'TestFaultModelConcurrent$' -faultmodel.seed=%d -v .", seed, err, seed)
 		}
 	}
-	t.Logf("%d seeds in %v: %d rounds, %d lines, %d reloads, %d expiries, %d storm ends; %d requests reached the API, %d refused before; faults: %v",
+	t.Logf("%d seeds in %v: %d rounds, %d lines, %d reloads, %d expiries, %d storm ends; %d requests reached the API, %d refused before; %d first lines written within their bound; faults: %v",
 		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.reloads, stats.expiries, stats.ends,
-		stats.requests, stats.refused, stats.injected)
+		stats.requests, stats.refused, stats.firsts, stats.injected)
 }
 
 func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
@@ -55,10 +56,13 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		m.api.mu.Lock()
 		faults.mode = mode
 		m.api.mu.Unlock()
+		m.setMode(mode)
 	}
+	m.back = m.clk.Now().Add(-recoveryBound) // no outage before
+	m.readings = []time.Time{m.clk.Now()}
 
 	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
-	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
+	m.maxBurst, m.maxQPS, m.qps = cfg.burst, cfg.qps, cfg.qps
 	if m.rng.IntN(4) != 0 { // storms end, from the scheduler's timer
 		m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
 	}
@@ -112,6 +116,10 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		case r == 1:
 			expire = true
 		}
+		m.noteRound(lines)
+		if reload != nil { // before or after the lines: the least rate counts for them
+			m.reloaded(reload.qps)
+		}
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			for _, l := range lines {
@@ -144,7 +152,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		if m.rng.IntN(8) == 0 { // the wall clock steps; the monotonic one goes on
 			m.clk.stepWall(time.Duration(m.rng.IntN(4*3600)-2*3600) * time.Second)
 		}
-		m.clk.Step(time.Duration(1+m.rng.IntN(90)) * time.Second)
+		m.tick(time.Duration(1+m.rng.IntN(90)) * time.Second)
 	}
 
 	// The API comes back for good: within recoveryBound, every pending
@@ -155,7 +163,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		if err := m.quietCheck(); err != nil {
 			return err
 		}
-		m.clk.Step(time.Second)
+		m.tick(time.Second)
 	}
 	if err := m.quietCheck(); err != nil {
 		return err
@@ -171,6 +179,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 // and stop within its time (with room for a slow machine).
 func (m *model) stopConcurrent(stats *faultStats) error {
 	const timeout = time.Second
+	m.firsts = nil // written in the flush as far as its time allows
 	start := time.Now()
 	m.p.stop(timeout)
 	if took := time.Since(start); took > timeout+2*time.Second {
@@ -215,4 +224,129 @@ func (m *model) quietCheck() error {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// tick moves the clock by d: the scheduler sees only the readings it
+// moves to.
+func (m *model) tick(d time.Duration) {
+	m.clk.Step(d)
+	m.readings = append(m.readings, m.clk.Now())
+}
+
+// noteRound notes, before the lines of a round are logged, the first line
+// of each plugin and reason that has nothing pending: its wait is bounded.
+// Lines are only taken away meanwhile: a plugin with nothing pending now
+// has nothing pending when its line comes.
+func (m *model) noteRound(lines []line) {
+	waiting := map[level]map[string]bool{} // plugins with lines waiting, by reason
+	read := false
+	m.inspect(func(s *scheduler) {
+		for _, e := range entriesOf(s) {
+			if e.pending() > 0 && e.dropped == 0 {
+				if waiting[e.key.level] == nil {
+					waiting[e.key.level] = map[string]bool{}
+				}
+				waiting[e.key.level][pluginLabel(e.key.plugin)] = true
+			}
+		}
+		read = s.pod.lookup
+	})
+	dropped := readLedger().since(m.before).droppedAll()
+	for _, ln := range lines {
+		p := pluginLabel(ln.plugin)
+		for _, l := range m.firsts {
+			if l.landed.IsZero() && l.reason == ln.level && l.plugin != p {
+				l.others[p] = true
+			}
+		}
+		if waiting[ln.level][p] {
+			continue
+		}
+		others := map[string]bool{}
+		for q := range waiting[ln.level] {
+			others[q] = true
+		}
+		for _, o := range lines {
+			if o.level == ln.level && pluginLabel(o.plugin) != p {
+				others[pluginLabel(o.plugin)] = true
+			}
+		}
+		m.firsts = append(m.firsts, &firstLine{plugin: p, reason: ln.level, at: m.clk.Now(), others: others, qps: m.qps,
+			read: read, outage: m.mode != apiHealthy || m.clk.Since(m.back) < recoveryBound, dropped: dropped})
+		if waiting[ln.level] == nil {
+			waiting[ln.level] = map[string]bool{}
+		}
+		waiting[ln.level][p] = true // its next lines are those of a busy plugin
+	}
+}
+
+// deadlineOnReadings is m.deadline as the concurrent model's clock makes
+// it: the scheduler sees time only at the readings the model moves to, and
+// a bucket may hold one token at a time, so that each refill ends at the
+// first reading after it is due. The pod's read takes a token of its own.
+func (m *model) deadlineOnReadings(l *firstLine) (time.Time, bool) {
+	if _, ok := m.deadline(l); !ok {
+		return time.Time{}, false
+	}
+	reading := func(t time.Time) time.Time {
+		for _, at := range m.readings {
+			if !at.Before(t) {
+				return at
+			}
+		}
+		return t
+	}
+	t, refills, extra := l.at, 1+len(l.others), writeTimeout
+	if l.outage {
+		if m.back.After(t) {
+			t = m.back
+		}
+		t = reading(t.Add(recoveryBound))
+	}
+	if l.read {
+		refills, extra = refills+1, extra+writeTimeout
+	}
+	for range refills {
+		t = reading(t.Add(time.Duration(float64(time.Second) / l.qps)))
+	}
+	return reading(t.Add(extra)), true
+}
+
+// checkLanded holds the concurrent model's first lines to their bound:
+// a write of their plugin and reason lands at the API within it, or at the
+// first reading of the clock past it. A line whose plugin's lines may have
+// been dropped since is not followed further.
+func (m *model) checkLanded() error {
+	dropped := readLedger().since(m.before).droppedAll()
+	m.api.mu.Lock()
+	reqs := slices.Clone(m.api.requests)
+	m.api.mu.Unlock()
+	now := m.clk.Now()
+	kept := m.firsts[:0]
+	for _, l := range m.firsts {
+		if dropped != l.dropped {
+			continue
+		}
+		for _, r := range reqs {
+			if r.resource == "events" && r.plugin == l.plugin && r.reason == l.reason.reason() && !r.at.Before(l.at) &&
+				(r.code >= 200 && r.code < 300 || r.verb == "create" && r.code == 409) && (l.landed.IsZero() || r.at.Before(l.landed)) {
+				l.landed = r.at
+			}
+		}
+		deadline, ok := m.deadlineOnReadings(l)
+		if !ok {
+			kept = append(kept, l)
+			continue
+		}
+		switch {
+		case !l.landed.IsZero() && l.landed.After(deadline), l.landed.IsZero() && now.After(deadline):
+			return m.lateFirst(l, deadline)
+		case l.landed.IsZero():
+			kept = append(kept, l)
+		default:
+			m.stats.firsts++
+		}
+	}
+	m.firsts = kept
+	return nil
 }

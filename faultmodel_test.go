@@ -110,10 +110,11 @@ type model struct {
 	quiet    time.Duration     // of every configuration of the run; 0: off
 	endNames map[string]string // the name of the end event of each end message seen
 
-	order  *tokenOrder  // the stepped model's reference of the token order
-	firsts []*firstLine // lines of plugins that had nothing pending, until checked
-	back   time.Time    // when the API last came back from an outage
-	qps    float64      // the rate in effect
+	order    *tokenOrder  // the stepped model's reference of the token order
+	firsts   []*firstLine // lines of plugins that had nothing pending, until checked
+	readings []time.Time  // the concurrent model's clock readings
+	back     time.Time    // when the API last came back from an outage
+	qps      float64      // the rate in effect
 }
 
 var (
@@ -463,6 +464,8 @@ func (m *model) check() error {
 		if err := m.checkFirsts(); err != nil {
 			return err
 		}
+	} else if err := m.checkLanded(); err != nil {
+		return err
 	}
 	return m.checkBound()
 }
@@ -607,14 +610,17 @@ func (m *model) stop() error {
 // firstLine is a line of a plugin that had nothing pending in its reason
 // when it was logged: README.md bounds its wait.
 type firstLine struct {
-	e      *entry
-	n      int64           // it is written by a write of e that carries n lines
-	at     time.Time       // logged
-	others map[string]bool // other plugins of its reason with lines waiting before it is written
-	qps    float64         // the least rate in effect since
-	read   bool            // the pod's UID was still to read
-	outage bool            // the API was down or failing since
-	landed time.Time
+	e       *entry // the stepped model's: the entry of its event
+	plugin  string // the concurrent model's: its plugin's label and reason
+	reason  level
+	dropped float64         // the concurrent model's: lines dropped before it
+	n       int64           // it is written by a write of e that carries n lines
+	at      time.Time       // logged
+	others  map[string]bool // other plugins of its reason with lines waiting before it is written
+	qps     float64         // the least rate in effect since
+	read    bool            // the pod's UID was still to read
+	outage  bool            // the API was down or failing since
+	landed  time.Time
 }
 
 // watchOrder holds every dispatch to the reference of the token order,
@@ -668,7 +674,9 @@ func (m *model) reloaded(qps float64) {
 	for _, l := range m.firsts {
 		l.qps = min(l.qps, qps)
 	}
-	m.order.reloaded()
+	if m.order != nil {
+		m.order.reloaded()
+	}
 }
 
 // noteFirst looks at the line just taken: when its plugin had nothing
@@ -720,30 +728,14 @@ func (m *model) checkFirsts() error {
 		if l.e.evicted || m.h.s.stopping {
 			continue // dropped, or written in the flush as far as its time allows
 		}
-		bound := time.Duration(float64(1+len(l.others))/l.qps*float64(time.Second)) + writeTimeout
-		if l.read {
-			bound += writeTimeout
-		}
-		deadline := l.at.Add(bound)
-		if l.outage {
-			if m.mode != apiHealthy {
-				kept = append(kept, l)
-				continue
-			}
-			deadline = l.at
-			if m.back.After(deadline) {
-				deadline = m.back
-			}
-			deadline = deadline.Add(bound + recoveryBound)
+		deadline, ok := m.deadline(l)
+		if !ok {
+			kept = append(kept, l)
+			continue
 		}
 		switch {
 		case !l.landed.IsZero() && l.landed.After(deadline), l.landed.IsZero() && now.After(deadline):
-			written := "not yet"
-			if !l.landed.IsZero() {
-				written = l.landed.Sub(l.at).String() + " after"
-			}
-			return fmt.Errorf("%q of a plugin with nothing pending in its reason, logged %v after the API was last back, written %s, bound %v (other plugins waiting: %d, rate %v, pod read: %v, after an outage: %v)",
-				l.e.message, l.at.Sub(m.back), written, deadline.Sub(l.at), len(l.others), l.qps, l.read, l.outage)
+			return m.lateFirst(l, deadline)
 		case l.landed.IsZero():
 			kept = append(kept, l)
 		default:
@@ -752,4 +744,42 @@ func (m *model) checkFirsts() error {
 	}
 	m.firsts = kept
 	return nil
+}
+
+// deadline is when README's bound on the wait of l ends: with the API
+// answering, one refill for l and one for each other plugin of its reason
+// with lines waiting before it is written, at the least rate in effect,
+// plus the write's own time, and the pod's read while the UID is to read;
+// after an outage (or within recoveryBound of one), that plus
+// recoveryBound from the API's return. None while the API is still down.
+func (m *model) deadline(l *firstLine) (time.Time, bool) {
+	bound := time.Duration(float64(1+len(l.others))/l.qps*float64(time.Second)) + writeTimeout
+	if l.read {
+		bound += writeTimeout
+	}
+	if !l.outage {
+		return l.at.Add(bound), true
+	}
+	if m.mode != apiHealthy {
+		return time.Time{}, false
+	}
+	from := l.at
+	if m.back.After(from) {
+		from = m.back
+	}
+	return from.Add(bound + recoveryBound), true
+}
+
+// lateFirst says that l was not written by deadline.
+func (m *model) lateFirst(l *firstLine, deadline time.Time) error {
+	written := "not yet"
+	if !l.landed.IsZero() {
+		written = l.landed.Sub(l.at).String() + " after"
+	}
+	what := l.plugin + " " + l.reason.reason()
+	if l.e != nil {
+		what = fmt.Sprintf("%q", l.e.message)
+	}
+	return fmt.Errorf("a line (%s) of a plugin with nothing pending in its reason, logged %v after the API was last back, written %s, bound %v (other plugins waiting: %d, rate %v, pod read: %v, after an outage: %v)",
+		what, l.at.Sub(m.back), written, deadline.Sub(l.at), len(l.others), l.qps, l.read, l.outage)
 }
