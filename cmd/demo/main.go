@@ -1,9 +1,11 @@
 // Command demo shows k8s_event at work on a local Kubernetes.
 //
 // Where a node can run (Linux, as root), it starts etcd, kube-apiserver,
-// containerd, a kubelet, the controller manager and the scheduler, installs
-// CoreDNS as the cluster's DNS from the image through deploy/k8s_event,
-// makes it log, and shows `kubectl describe pod` of a live CoreDNS pod.
+// containerd, a kubelet, kube-proxy, the controller manager and the
+// scheduler, installs CoreDNS as the cluster's DNS from the image through
+// deploy/k8s_event, shows the kube-dns Service's endpoints (the pods' own
+// addresses), makes CoreDNS log by asking that Service's ClusterIP, and
+// shows `kubectl describe pod` of a live CoreDNS pod.
 // Elsewhere it says why, starts etcd and kube-apiserver only, creates the
 // Pod demo/coredns-demo and runs CoreDNS as a process on its behalf.
 // It keeps running until interrupted, unless DEMO_EXIT=1 or standard input
