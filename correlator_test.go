@@ -76,6 +76,50 @@ func TestShapesPerWindowAreBounded(t *testing.T) {
 	}
 }
 
+// TestOtherShapesAreCountedUpToTheirBound: the event of the lines of other
+// shapes counts their shapes up to maxCountedShapes, no more.
+func TestOtherShapesAreCountedUpToTheirBound(t *testing.T) {
+	c := newCorrelator(1024, func(*entry) {})
+	var e *entry
+	for i := range ownEvents + maxShapes + maxCountedShapes + 10 {
+		e = c.observe(ln(levelError, "errors", strings.Repeat("w ", i+1)+"end", epoch))
+	}
+	if e.key.shape != otherShapes || len(e.hitters.shapes) != maxCountedShapes {
+		t.Errorf("shape %x counts %d shapes, want the other shapes' event with %d", e.key.shape, len(e.hitters.shapes), maxCountedShapes)
+	}
+}
+
+// TestLinesFlowOnlyWhileQuietIsOn: with quiet off no storm is watched, so
+// no line is counted for its pace.
+func TestLinesFlowOnlyWhileQuietIsOn(t *testing.T) {
+	c := newCorrelator(64, func(*entry) {})
+	if e := c.observe(ln(levelError, "errors", "boom", epoch)); e.flow != nil {
+		t.Errorf("a line counted for a storm's pace with quiet off")
+	}
+	c.quiet = defaultQuiet
+	if e := c.observe(ln(levelError, "errors", "boom", epoch)); e.flow == nil {
+		t.Errorf("a line not counted for its storm's pace with quiet on")
+	}
+}
+
+// TestFullWindowsKeepTheBudgetsInUse: when maxWindows plugins have a window,
+// a new plugin's takes the place of one unused for an hour, never that of
+// a plugin whose budget is spent: its next new line is still combined.
+func TestFullWindowsKeepTheBudgetsInUse(t *testing.T) {
+	c := newCorrelator(4*maxWindows, func(*entry) {})
+	for i := range maxWindows - 1 {
+		c.observe(ln(levelError, fmt.Sprint("old", i), "x", epoch))
+	}
+	at := epoch.Add(budgetWindow + time.Minute)
+	for i := range budget {
+		c.observe(ln(levelError, "errors", strings.Repeat("w ", i+1)+"end", at))
+	}
+	c.observe(ln(levelError, "new", "x", at))
+	if e := c.observe(ln(levelError, "errors", "w end again", at)); !e.key.combined() {
+		t.Errorf("a plugin's window was dropped while its budget was spent: %q is an event of its own", e.key.message)
+	}
+}
+
 // TestWindowsAreBounded: at most maxWindows windows are kept; windows of
 // two plugins live side by side; a line at the end of the window is still
 // in it.
