@@ -902,3 +902,26 @@ func TestEndOfOtherShapesCountsItsShapes(t *testing.T) {
 	}
 	t.Errorf("no end of the lines of other shapes among %d ends", len(endsIn(api)))
 }
+
+// TestFlowHoldsTheLinesOfItsQuietOnly: a quiet holds the lines of its
+// slots, those of a slot before included, and none of a slot a quiet ago
+// whose place in the ring a new line takes.
+func TestFlowHoldsTheLinesOfItsQuietOnly(t *testing.T) {
+	quiet := defaultQuiet
+	slot := quiet / flowSlots
+	var p flow
+	at := epoch.Truncate(slot)
+	p.add(at, quiet, false)
+	p.add(at.Add(slot), quiet, false)
+	if got := p.held(p.at); got != 2 {
+		t.Errorf("a quiet holds %d lines of two slots in a row, want 2", got)
+	}
+	p.add(at.Add(flowSlots*slot), quiet, false) // the place of the first slot in the ring
+	if got := p.held(p.at); got != 2 {
+		t.Errorf("a quiet holds %d lines once the first slot is a quiet ago, want 2", got)
+	}
+	p.add(at.Add(5*flowSlots*slot), quiet, false) // quiets later: every slot of the ring afresh
+	if got := p.held(p.at); got != 1 {
+		t.Errorf("a quiet holds %d lines after quiets without one, want 1", got)
+	}
+}
