@@ -924,4 +924,23 @@ func TestFlowHoldsTheLinesOfItsQuietOnly(t *testing.T) {
 	if got := p.held(p.at); got != 1 {
 		t.Errorf("a quiet holds %d lines after quiets without one, want 1", got)
 	}
+	p.add(at.Add(4*flowSlots*slot), quiet, false) // a quiet late: no slot of it is left
+	if got := p.held(p.at); got != 1 {
+		t.Errorf("a quiet holds %d lines with one a quiet late, want 1", got)
+	}
+}
+
+// TestFlowIsCalmOnlyBelowItsThreshold: a storm is calm at the end of the
+// first slot whose quiet held fewer lines than its threshold, not as many.
+func TestFlowIsCalmOnlyBelowItsThreshold(t *testing.T) {
+	quiet := defaultQuiet
+	slot := quiet / flowSlots
+	var p flow
+	at := epoch.Truncate(slot)
+	p.add(at, quiet, false)
+	p.add(at, quiet, false) // two lines: as many as the threshold
+	// The quiets ending with this slot and the next seven hold both lines.
+	if got, want := time.Duration(p.calmAt()-at.UnixNano()), (flowSlots+1)*slot; got != want {
+		t.Errorf("calm %v after the lines, want %v", got, want)
+	}
 }
