@@ -16,10 +16,15 @@ func TestMemberIsFirstNameElseAddress(t *testing.T) {
 		"Corefile changed but reload failed":                                      "",
 		"port 53 closed":                                                          "",
 		"2 " + strings.Repeat("a", 200) + ".example. A: i/o timeout":              strings.Repeat("a", maxMemberLen),
+		"connect to ::1 refused":                                                  "::1",
+		"2 " + strings.Repeat("a", 56) + ".example A: i/o timeout":                strings.Repeat("a", 56) + ".example",
 	} {
 		if got := member(msg); got != want {
 			t.Errorf("member(%q) = %q, want %q", msg, got, want)
 		}
+	}
+	if got, want := cutMember(strings.Repeat("a", maxMemberLen-1)+"é.example"), strings.Repeat("a", maxMemberLen-1); got != want {
+		t.Errorf("cut at a rune's second byte: %q, want %q", got, want)
 	}
 }
 
@@ -120,5 +125,76 @@ func TestFailingHostAmongManyClientNamesBecomesItsOwnEvent(t *testing.T) {
 			msgs = append(msgs, fmt.Sprintf("%d %s", ev.Count, ev.Message))
 		}
 		t.Errorf("the host of 10 timeouts in 10 minutes is no event of its own, among %d lines; combined events:\n%s", observed, strings.Join(msgs, "\n"))
+	}
+}
+
+// TestHittersCountLinesAndKeepTheirBounds: the summary counts every line,
+// a member new to a full summary takes the least counter with its count as
+// the error, and the sketch bounds a member's lines of the hour, up to 255.
+func TestHittersCountLinesAndKeepTheirBounds(t *testing.T) {
+	var h hitters
+	for i := range hitterSlots {
+		h.add(fmt.Sprintf("c%d.example", i), epoch)
+	}
+	h.add("new.example", epoch)
+	h.add("", epoch) // a line with no member counts too
+	if h.lines != hitterSlots+2 {
+		t.Errorf("%d lines counted, want %d", h.lines, hitterSlots+2)
+	}
+	for _, s := range h.slots {
+		if s.member() == "new.example" && (s.count != 2 || s.err != 1) {
+			t.Errorf("new member counts %d with error %d, want 2 and 1", s.count, s.err)
+		}
+	}
+	for range 300 {
+		h.add("loud.example", epoch.Add(time.Minute))
+	}
+	if got := h.upperBound("loud.example"); got != 255 {
+		t.Errorf("upper bound %d after 300 lines, want 255", got)
+	}
+	h.add("loud.example", epoch.Add(budgetWindow)) // the sketch's hour began at epoch
+	if got := h.upperBound("loud.example"); got != 1 {
+		t.Errorf("upper bound %d of the line of a new hour, want 1", got)
+	}
+	h.add("loud.example", epoch.Add(budgetWindow+time.Minute))
+	if got := h.upperBound("loud.example"); got != 2 {
+		t.Errorf("upper bound %d of two lines of the hour, want 2", got)
+	}
+}
+
+// TestTopMembersHaveMoreThanTheirShareAndTwoLines: a member is named when
+// it has more than lines/hitterSlots of the lines and two or more, most
+// first.
+func TestTopMembersHaveMoreThanTheirShareAndTwoLines(t *testing.T) {
+	var h hitters
+	h.add("two.example", epoch)
+	h.add("two.example", epoch)
+	if top := h.top(false); len(top) != 1 {
+		t.Fatalf("a member of two lines out of two is not named: %+v", top)
+	}
+	for range 2*hitterSlots - 2 {
+		h.add("", epoch)
+	}
+	if top := h.top(false); len(top) != 0 {
+		t.Errorf("a member of exactly its share is named: %+v", top)
+	}
+	for range 5 {
+		h.add("five.example", epoch)
+	}
+	for range 10 {
+		h.add("ten.example", epoch)
+	}
+	if got := h.names(false); !strings.HasPrefix(got, "most: ten.example ≥10, five.example ≥5") {
+		t.Errorf("names %q, want the most first", got)
+	}
+	var g hitters // the other way round
+	for range 10 {
+		g.add("ten.example", epoch)
+	}
+	for range 5 {
+		g.add("five.example", epoch)
+	}
+	if got := g.names(false); got != "most: ten.example ≥10, five.example ≥5" {
+		t.Errorf("names %q, want the most first", got)
 	}
 }
