@@ -195,3 +195,26 @@ func TestCacheCountsEntriesOfOneMember(t *testing.T) {
 		}
 	}
 }
+
+// TestWrittenStormWithNewLinesIsEvictedAsPending: a written storm that
+// gets new lines leaves the storms for its plugin's pending entries, so a
+// full cache evicts from the plugin with the most pending first.
+func TestWrittenStormWithNewLinesIsEvictedAsPending(t *testing.T) {
+	var gone []*entry
+	c := newCache(3, func(e *entry) { gone = append(gone, e) })
+	storm := &entry{key: eventKey{level: levelError, plugin: "plugin/errors: ", shape: 1}, stormWritten: true}
+	storm.seen, storm.carried = 5, 5
+	c.add(storm)
+	storm.seen++ // a new line: pending again
+	c.place(storm, true)
+	var loud []*entry
+	for i := range 3 {
+		e := &entry{key: eventKey{level: levelError, plugin: "plugin/forward: ", message: fmt.Sprint("down ", i)}}
+		e.seen = 1
+		loud = append(loud, e)
+		c.add(e)
+	}
+	if len(gone) != 1 || gone[0] != loud[0] {
+		t.Errorf("evicted %v, want the oldest of the plugin with the most pending", gone)
+	}
+}
