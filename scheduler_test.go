@@ -1380,3 +1380,20 @@ func TestPluginWaitingOnAnUpdateGoesOnceBeforeAQuietPluginsLine(t *testing.T) {
 		t.Errorf("requests %q, want p's create, q's, p's update, then q's new line", got)
 	}
 }
+
+// TestRepeatWaitingWithATokenIsNotThrottled: a line of an event already
+// waiting for its write, while its bucket has a token, counts no throttled
+// write: the event goes at the next dispatch.
+func TestRepeatWaitingWithATokenIsNotThrottled(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
+	before := testutil.ToFloat64(throttled[levelError])
+	h.observe(ln(levelError, "errors", "upstream down", clk.Now()))
+	h.observe(ln(levelError, "errors", "upstream down", clk.Now()))
+	drain(h)
+	if got := testutil.ToFloat64(throttled[levelError]) - before; got != 0 {
+		t.Errorf("throttled_total rose by %v with tokens to spare", got)
+	}
+	if ev := only(t, events(t, api)); ev.Count != 2 {
+		t.Errorf("count %d, want 2", ev.Count)
+	}
+}
