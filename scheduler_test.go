@@ -1397,3 +1397,25 @@ func TestRepeatWaitingWithATokenIsNotThrottled(t *testing.T) {
 		t.Errorf("count %d, want 2", ev.Count)
 	}
 }
+
+// TestPluginWhoseRequestsCameBackHasNoneOut: once a plugin's requests are
+// answered it has none out, so with its bucket's maxInFlight requests of
+// another plugin hanging, its next line is still sent.
+func TestPluginWhoseRequestsCameBackHasNoneOut(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
+	for i := range maxInFlight {
+		h.observe(ln(levelError, "a", fmt.Sprint("upstream ", i, " down"), clk.Now()))
+	}
+	drain(h) // answered at once
+	h.lostAfter = writeTimeout
+	api.setFault(func(apiRequest) fault { return fault{lost: true, apply: true} })
+	for i := range maxInFlight {
+		h.observe(ln(levelError, "b", fmt.Sprint("upstream ", i, " down"), clk.Now()))
+	}
+	drain(h)
+	h.observe(ln(levelError, "a", "resolver gone", clk.Now()))
+	h.advance(writeTimeout / 2)
+	if n := len(reachedAt(api, "CoreDNSError")); n != 2*maxInFlight+1 {
+		t.Errorf("%d error requests reached the API, want %d: the quiet plugin's line held back", n, 2*maxInFlight+1)
+	}
+}
