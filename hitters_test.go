@@ -198,3 +198,17 @@ func TestTopMembersHaveMoreThanTheirShareAndTwoLines(t *testing.T) {
 		t.Errorf("names %q, want the most first", got)
 	}
 }
+
+// TestNamesFillExactlyTheirRoom: names that come to exactly maxHitters
+// bytes are all said.
+func TestNamesFillExactlyTheirRoom(t *testing.T) {
+	var h hitters
+	for i, m := range []string{strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64), strings.Repeat("d", 32)} {
+		for range 5 - i {
+			h.add(m, epoch)
+		}
+	}
+	if got := h.names(false); len(got) != maxHitters || strings.Count(got, "≥") != 4 {
+		t.Errorf("%d bytes naming %d members, want all 4 in %d", len(got), strings.Count(got, "≥"), maxHitters)
+	}
+}
