@@ -321,11 +321,9 @@ func (m *model) checkLanded() error {
 	m.api.mu.Lock()
 	reqs := slices.Clone(m.api.requests)
 	m.api.mu.Unlock()
-	now := m.clk.Now()
-	kept := m.firsts[:0]
-	for _, l := range m.firsts {
+	return m.judgeFirsts(func(l *firstLine) bool {
 		if dropped != l.dropped {
-			continue
+			return false
 		}
 		for _, r := range reqs {
 			if r.resource == "events" && r.plugin == l.plugin && r.reason == l.reason.reason() && !r.at.Before(l.at) &&
@@ -333,20 +331,6 @@ func (m *model) checkLanded() error {
 				l.landed = r.at
 			}
 		}
-		deadline, ok := m.deadlineOnReadings(l)
-		if !ok {
-			kept = append(kept, l)
-			continue
-		}
-		switch {
-		case !l.landed.IsZero() && l.landed.After(deadline), l.landed.IsZero() && now.After(deadline):
-			return m.lateFirst(l, deadline)
-		case l.landed.IsZero():
-			kept = append(kept, l)
-		default:
-			m.stats.firsts++
-		}
-	}
-	m.firsts = kept
-	return nil
+		return true
+	}, m.deadlineOnReadings)
 }

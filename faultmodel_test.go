@@ -722,13 +722,22 @@ func (m *model) noteFirst() {
 // within recoveryBound of one), that plus recoveryBound from the API's
 // return. The bound is on the monotonic clock.
 func (m *model) checkFirsts() error {
+	return m.judgeFirsts(func(l *firstLine) bool {
+		return !l.e.evicted && !m.h.s.stopping // else dropped, or written in the flush as far as its time allows
+	}, m.deadline)
+}
+
+// judgeFirsts holds each first line that follow keeps following to its
+// deadline: a line that landed, or is still out, past it fails the model;
+// one that landed within it is counted and forgotten.
+func (m *model) judgeFirsts(follow func(*firstLine) bool, deadlineOf func(*firstLine) (time.Time, bool)) error {
 	now := m.clk.Now()
 	kept := m.firsts[:0]
 	for _, l := range m.firsts {
-		if l.e.evicted || m.h.s.stopping {
-			continue // dropped, or written in the flush as far as its time allows
+		if !follow(l) {
+			continue
 		}
-		deadline, ok := m.deadline(l)
+		deadline, ok := deadlineOf(l)
 		if !ok {
 			kept = append(kept, l)
 			continue
