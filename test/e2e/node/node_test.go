@@ -238,10 +238,23 @@ func askType(name string, qtype uint16, timeout time.Duration) (int, error) {
 
 func (e *nodeEnv) stock(t *testing.T) {
 	e.rollout(t, "stock")
-	rcode, err := ask("kubernetes.default.svc.cluster.local.", 2*time.Second)
+	// A Service created with its Deployment answers once the EndpointSlice
+	// controller and kube-proxy have caught up with the Ready pods; until
+	// then kube-proxy rejects what is sent to it.
+	start := time.Now()
+	var rcode int
+	var err error
+	for {
+		rcode, err = ask("kubernetes.default.svc.cluster.local.", 2*time.Second)
+		if err == nil && rcode == dns.RcodeSuccess || time.Since(start) > 30*time.Second {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil || rcode != dns.RcodeSuccess {
 		t.Fatalf("stock cluster DNS: rcode %d, %v", rcode, err)
 	}
+	t.Logf("the new kube-dns Service answered %v after the rollout", since(start))
 	for _, p := range e.pods(t) {
 		if evs := e.events(t, &p); len(withReasonPrefix(evs, "CoreDNS")) > 0 {
 			t.Errorf("stock CoreDNS %s wrote CoreDNS events:\n%s", p.Name, cluster.DescribeEvents(evs))
