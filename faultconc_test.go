@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // The concurrent fault model runs the pipeline as CoreDNS does: the
@@ -18,9 +19,11 @@ import (
 // from another goroutine, reloads and expiries from a third, and a stop at
 // the end, against the in-process API server under faults, with a pod UID
 // from the downward API or, in a third of the seeds, read from the API.
-// Between rounds the clock moves and, once the pipeline is quiet, the
-// contract is checked. A seed replays the same schedule of lines, faults,
-// reloads and clock steps; the interleaving is the scheduler's:
+// Every dispatch is held to the token order as it is made, on the
+// scheduler's goroutine; between rounds the clock moves and, once the
+// pipeline is quiet, the rest of the contract is checked. A seed replays
+// the same schedule of lines, faults, reloads and clock steps; the
+// interleaving is the scheduler's:
 //
 //	go test -race -run TestFaultModelConcurrent -faultmodel.seed=N -v .
 var concurrentSeeds = flag.Int("faultmodel.concurrent", seedsFromEnv("K8S_EVENT_CONCURRENT_SEEDS", 8), "number of seeds the concurrent fault model runs (default $K8S_EVENT_CONCURRENT_SEEDS or 8)")
@@ -37,9 +40,9 @@ func TestFaultModelConcurrent(t *testing.T) {
 			t.Fatalf("seed %d: %v\nreplay: go test -race -run 'TestFaultModelConcurrent$' -faultmodel.seed=%d -v .", seed, err, seed)
 		}
 	}
-	t.Logf("%d seeds in %v: %d rounds, %d lines, %d reloads, %d expiries, %d storm ends; %d requests reached the API, %d refused before; %d first lines written within their bound; faults: %v",
+	t.Logf("%d seeds in %v: %d rounds, %d lines, %d reloads, %d expiries, %d storm ends; %d requests reached the API, %d refused before; %d handed out in order, %d first lines written within their bound; faults: %v",
 		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.reloads, stats.expiries, stats.ends,
-		stats.requests, stats.refused, stats.firsts, stats.injected)
+		stats.requests, stats.refused, stats.ordered, stats.firsts, stats.injected)
 }
 
 func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
@@ -80,6 +83,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	m.p.writeTimeout = 250 * time.Millisecond
 	m.p.sched.flushPause = time.Millisecond
 	m.p.sched.rand = rand.New(rand.NewPCG(seed, 1))
+	m.watch = watchPipelineOrder(m.p)
 	defer m.p.cancel()
 	m.p.start()
 	stats.seeds++
@@ -129,7 +133,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		wg.Go(func() {
 			switch {
 			case reload != nil:
-				m.p.apply(*reload, m.api.client)
+				m.p.apply(*reload, &reloadClient{m.api.client}) // a client of its own: see watchPipelineOrder
 				stats.reloads++
 			case expire:
 				m.expired += m.api.expire()
@@ -192,6 +196,7 @@ func (m *model) stopConcurrent(stats *faultStats) error {
 		return fmt.Errorf("%v lines still pending after stop", d.pending)
 	}
 	stats.ends += len(m.endNames)
+	stats.ordered += m.watch.checked()
 	m.api.mu.Lock()
 	stats.requests += len(m.api.requests)
 	stats.refused += m.api.refused
@@ -215,7 +220,7 @@ func (m *model) quietCheck() error {
 		}
 		if calm >= 3 {
 			err := m.check()
-			if err == nil || time.Now().After(deadline) {
+			if err == nil || time.Now().After(deadline) || m.watch.failed() != nil { // a dispatch out of order stays so
 				return err
 			}
 		}
@@ -333,4 +338,62 @@ func (m *model) checkLanded() error {
 		}
 		return true
 	}, m.deadlineOnReadings)
+}
+
+// pipelineOrder holds every dispatch of a pipeline to the reference of the
+// token order (queue_test.go), as the stepped model's watchOrder does: it
+// wraps the scheduler's dispatch and outcome, which only run calls, so that
+// it sees the dispatches in the order they were made, whatever order their
+// requests reach the API in, and each answer before the scheduler has it.
+// A fatal line's request is granted outside dispatch and answered with no
+// entry: the reference takes no notice of either.
+type pipelineOrder struct {
+	order  *tokenOrder          // run's
+	client kubernetes.Interface // run's: the client of the settings in effect at the last dispatch
+	mu     sync.Mutex
+	n      int   // requests checked
+	err    error // the first found out of order
+}
+
+// reloadClient is the client a reload hands the pipeline: one of its own at
+// each reload, so that the dispatch after it knows that the settings changed.
+type reloadClient struct{ kubernetes.Interface }
+
+func watchPipelineOrder(p *pipeline) *pipelineOrder {
+	w := &pipelineOrder{order: newTokenOrder(), client: p.client}
+	p.dispatch = func(now time.Time) ([]request, time.Time) {
+		if p.client != w.client { // a reload took effect since the last dispatch, in run's previous message
+			w.client = p.client
+			w.order.reloaded()
+		}
+		reqs, wake, err := w.order.dispatch(p.sched, now)
+		w.mu.Lock()
+		w.n += len(reqs)
+		if w.err == nil && err != nil {
+			w.err = fmt.Errorf("out of order: %w", err)
+		}
+		w.mu.Unlock()
+		return reqs, wake
+	}
+	p.outcome = func(res result, now time.Time) {
+		if f := p.sched.flights[res.id]; f.e != nil && !f.read {
+			w.order.answered(f.e, res)
+		}
+		p.sched.outcome(res, now)
+	}
+	return w
+}
+
+// failed is the first dispatch found out of order, or nil.
+func (w *pipelineOrder) failed() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// checked is how many requests were checked in order.
+func (w *pipelineOrder) checked() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
 }

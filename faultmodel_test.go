@@ -110,11 +110,12 @@ type model struct {
 	quiet    time.Duration     // of every configuration of the run; 0: off
 	endNames map[string]string // the name of the end event of each end message seen
 
-	order    *tokenOrder  // the stepped model's reference of the token order
-	firsts   []*firstLine // lines of plugins that had nothing pending, until checked
-	readings []time.Time  // the concurrent model's clock readings
-	back     time.Time    // when the API last came back from an outage
-	qps      float64      // the rate in effect
+	order    *tokenOrder    // the stepped model's reference of the token order
+	watch    *pipelineOrder // the concurrent model's
+	firsts   []*firstLine   // lines of plugins that had nothing pending, until checked
+	readings []time.Time    // the concurrent model's clock readings
+	back     time.Time      // when the API last came back from an outage
+	qps      float64        // the rate in effect
 }
 
 var (
@@ -464,7 +465,7 @@ func (m *model) check() error {
 		if err := m.checkFirsts(); err != nil {
 			return err
 		}
-	} else if err := m.checkLanded(); err != nil {
+	} else if err := errors.Join(m.watch.failed(), m.checkLanded()); err != nil { // the concurrent model: the same, as it runs
 		return err
 	}
 	return m.checkBound()

@@ -31,6 +31,8 @@ type pipeline struct {
 	clock    clock.WithTicker
 	listener *listener
 	sched    *scheduler
+	dispatch func(now time.Time) ([]request, time.Time) // sched's, which run calls; a test may wrap them
+	outcome  func(res result, now time.Time)
 	client   kubernetes.Interface // run's own; apply replaces it
 	results  chan result
 	control  chan func(now time.Time)
@@ -59,6 +61,7 @@ func newPipeline(cfg config, client kubernetes.Interface, pod podIdentity, clk c
 		fatalTimeout: fatalTimeout,
 		done:         make(chan struct{}),
 	}
+	p.dispatch, p.outcome = p.sched.dispatch, p.sched.outcome
 	p.listener = newListener(clk, p.writeFatal)
 	p.listener.levels.Store(uint32(cfg.levels))
 	p.sched.backlog = func() int { return len(p.listener.lines) }
@@ -110,7 +113,7 @@ func (p *pipeline) run() {
 			}
 			batch = now
 		case res := <-p.results:
-			p.sched.outcome(res, p.clock.Now())
+			p.outcome(res, p.clock.Now())
 		case <-wake:
 		case f := <-p.control:
 			f(p.clock.Now())
@@ -119,7 +122,7 @@ func (p *pipeline) run() {
 			continue
 		}
 		now := p.clock.Now()
-		reqs, next := p.sched.dispatch(now)
+		reqs, next := p.dispatch(now)
 		for _, r := range reqs {
 			p.send(r)
 		}

@@ -7,8 +7,8 @@ import (
 )
 
 // tokenOrder is a reference for the order in which a bucket's entries take
-// its tokens, as README.md and docs/design.md state it, which the stepped
-// fault model holds every dispatch to. It keeps its own record of who was
+// its tokens, as README.md and docs/design.md state it, which both fault
+// models hold every dispatch to. It keeps its own record of who was
 // served when, from the requests it is shown in the order they were handed
 // out; of the scheduler it reads only what waits: the entries, their
 // plugin, shape, whether written, whether settling, and the order in which
