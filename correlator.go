@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"hash/maphash"
 	"maps"
 	"slices"
 	"strings"
@@ -114,11 +115,12 @@ type correlator struct {
 	origin  time.Time // a budgetWindow before the first line: no window's zero is within one
 	seq     uint64
 	quiet   time.Duration // the scheduler's: storms' paces count lines in slots of it
+	shaped  []byte        // room for a line's shape
 }
 
 // newCorrelator keeps size entries; evicted is told of each that leaves.
 func newCorrelator(size int, evicted func(*entry)) *correlator {
-	return &correlator{cache: newCache(size, evicted), windows: map[windowKey]*window{}}
+	return &correlator{cache: newCache(size, evicted), windows: map[windowKey]*window{}, shaped: make([]byte, 0, shapeBufSize)}
 }
 
 func (c *correlator) observe(ln line) *entry {
@@ -196,13 +198,14 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	aggregated[ln.level].Inc()
 	// The budget is of one plugin: its prefix is no part of the shape.
 	rest := strings.TrimPrefix(key.message, ln.plugin)
-	key.message, key.shape = "", shapeHash(rest)
+	key.message = ""
+	var m string
+	key.shape, m = c.shape(rest)
 	e, ok := c.cache.get(key)
 	if !ok && spent >= ownEvents+maxShapes {
 		key.shape = otherShapes
 		e, ok = c.cache.get(key)
 	}
-	m := member(rest)
 	if !ok { // beyond the budget only when the cache let the other shapes' event go
 		w.spend(at)
 		return key, nil, false, m
@@ -223,6 +226,13 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 		return own, nil, false, m
 	}
 	return key, e, true, m
+}
+
+// shape is shapeHash(s) and the member of s (hitters.go), found in the same pass.
+func (c *correlator) shape(s string) (uint64, string) {
+	var f found
+	c.shaped = appendShape(c.shaped[:0], s, &f)
+	return maphash.Bytes(shapeSeed, c.shaped), f.member()
 }
 
 // window is the budget of wk. Beyond maxWindows, those unused for budgetWindow go first.

@@ -30,7 +30,9 @@ const (
 // eventMessage makes a log line fit for an event: valid UTF-8, no trailing newline, its controls
 // escaped (escapeControls), and at most maxMessageBytes, cut in the middle (cutMiddle).
 func eventMessage(s string) string {
-	s = strings.TrimRight(s, "\r\n")
+	for s != "" && (s[len(s)-1] == '\n' || s[len(s)-1] == '\r') {
+		s = s[:len(s)-1]
+	}
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}

@@ -3,6 +3,7 @@ package k8s_event
 import (
 	"fmt"
 	"hash/maphash"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -29,21 +30,14 @@ const (
 	sketchWidth = 256
 )
 
+// hitter is a counter of the summary. Counters are small, so that a line's scan reads little: the
+// member's bytes are kept apart, in held.
 type hitter struct {
-	name       [maxMemberLen]byte // the member, in place: a line's member is a part of the line, not kept
-	n          uint8              // its length
-	hash       uint32             // of the member, with shapeSeed: its low half
-	count, err int64              // count is an upper bound, count-err a lower bound
-	from       int64              // count when the current storm began
+	hash       uint32 // of the member, with shapeSeed: its low half
+	n, at      uint8  // the member's length, and its place in held
+	count, err int64  // count is an upper bound, count-err a lower bound
+	from       int64  // count when the current storm began
 }
-
-func newHitter(member string, hash uint64, count, err int64) hitter {
-	s := hitter{n: uint8(len(member)), hash: uint32(hash), count: count, err: err}
-	copy(s.name[:], member)
-	return s
-}
-
-func (s *hitter) member() string { return string(s.name[:s.n]) }
 
 // low is a lower bound on the member's lines, or on those of the current storm only.
 func (s hitter) low(storm bool) int64 {
@@ -55,6 +49,7 @@ func (s hitter) low(storm bool) int64 {
 
 type hitters struct {
 	slots  []hitter
+	held   [][maxMemberLen]byte // the members, in place: a line's member is a part of the line, not kept
 	lines  int64
 	sketch [2][sketchWidth]uint8 // the lines of budgetWindow from since, at most 255
 	since  time.Time
@@ -77,26 +72,36 @@ func (h *hitters) add(member string, at time.Time) bool {
 			h.sketch[r][i]++
 		}
 	}
-	i, least := -1, 0
+	i, least, low := -1, 0, int64(math.MaxInt64)
 	for j := range h.slots {
-		if s := &h.slots[j]; s.hash == uint32(x) && string(s.name[:s.n]) == member {
+		if s := &h.slots[j]; s.hash == uint32(x) && h.member(*s) == member {
 			i = j
 			break
-		} else if s.count < h.slots[least].count {
-			least = j
+		} else if s.count < low {
+			least, low = j, s.count
 		}
 	}
 	switch {
 	case i >= 0:
 		h.slots[i].count++
 	case len(h.slots) < hitterSlots:
-		i, h.slots = len(h.slots), append(h.slots, newHitter(member, x, 1, 0))
+		i = len(h.slots)
+		h.slots, h.held = append(h.slots, hitter{}), append(h.held, [maxMemberLen]byte{})
+		h.put(i, member, x, 1, 0)
 	default:
 		i = least
-		h.slots[i] = newHitter(member, x, h.slots[i].count+1, h.slots[i].count)
+		h.put(i, member, x, h.slots[i].count+1, h.slots[i].count)
 	}
 	return h.isTop(h.slots[i], false)
 }
+
+// put makes slot i count member from count, with error err.
+func (h *hitters) put(i int, member string, hash uint64, count, err int64) {
+	h.slots[i] = hitter{hash: uint32(hash), n: uint8(copy(h.held[i][:], member)), at: uint8(i), count: count, err: err}
+}
+
+// member is the member that s counts.
+func (h *hitters) member(s hitter) string { return string(h.held[s.at][:s.n]) }
 
 // isTop: more than lines/hitterSlots, and two lines or more (of the current storm).
 func (h *hitters) isTop(s hitter, storm bool) bool {
@@ -134,7 +139,7 @@ func (h *hitters) names(storm bool) string {
 		if b.Len() > 0 {
 			sep = ", "
 		}
-		item := fmt.Sprintf("%s%s ≥%d", sep, s.member(), s.low(storm))
+		item := fmt.Sprintf("%s%s ≥%d", sep, h.member(s), s.low(storm))
 		if b.Len()+len(item) > maxHitters {
 			break
 		}
@@ -144,41 +149,16 @@ func (h *hitters) names(storm bool) string {
 }
 
 // member is what a line is about: its first DNS name, else its first IP address without its port;
-// empty if neither. At most maxMemberLen bytes, a part of msg.
-func member(msg string) string {
-	ip := ""
-	for i := 0; i < len(msg); {
-		j := i
-		for j < len(msg) && msg[j] != ' ' && msg[j] != '\t' {
-			j++
-		}
-		w := msg[i:j]
-		i = j + 1
-		if strings.IndexByte(w, '.') < 0 && strings.IndexByte(w, ':') < 0 { // neither a name nor an address
-			continue
-		}
-		for w != "" {
-			part, rest, _ := strings.Cut(w, "->")
-			w = rest
-			for part != "" && memberOpen[part[0]] {
-				part = part[1:]
-			}
-			for part != "" && closing[part[len(part)-1]] {
-				part = part[:len(part)-1]
-			}
-			switch {
-			case isName(part):
-				return cutMember(part)
-			case ip == "" && (strings.IndexByte(part, '.') >= 0 || strings.IndexByte(part, ':') >= 0):
-				ip = hostOf(part)
-			}
-		}
+// empty if neither. At most maxMemberLen bytes, a part of the line.
+func (f *found) member() string {
+	switch {
+	case f.name != "":
+		return cutMember(f.name)
+	case f.ip != "":
+		return cutMember(hostOf(f.ip))
 	}
-	return ip
+	return ""
 }
-
-// memberOpen are the bytes that may open a member's word.
-var memberOpen = byteSet(`({"'<`)
 
 // hostOf is the IP address of a word, its port cut; empty if none.
 func hostOf(w string) string {

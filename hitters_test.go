@@ -17,10 +17,15 @@ func TestMemberIsFirstNameElseAddress(t *testing.T) {
 		"port 53 closed":                                                          "",
 		"2 " + strings.Repeat("a", 200) + ".example. A: i/o timeout":              strings.Repeat("a", maxMemberLen),
 		"connect to ::1 refused":                                                  "::1",
+		"upstream=dns.corp.example took 1.5s":                                     "dns.corp.example",
+		"after 2.5s: lookup a\\ b.example. failed":                                "a\\ b.example",
+		"via [2001:db8::53]:53 then b.example":                                    "b.example",
 		"2 " + strings.Repeat("a", 56) + ".example A: i/o timeout":                strings.Repeat("a", 56) + ".example",
 	} {
-		if got := member(msg); got != want {
-			t.Errorf("member(%q) = %q, want %q", msg, got, want)
+		var f found
+		appendShape(nil, msg, &f)
+		if got := f.member(); got != want {
+			t.Errorf("member of %q = %q, want %q", msg, got, want)
 		}
 	}
 	if got, want := cutMember(strings.Repeat("a", maxMemberLen-1)+"é.example"), strings.Repeat("a", maxMemberLen-1); got != want {
@@ -40,7 +45,7 @@ func TestHittersNameHeavyMembers(t *testing.T) {
 		}
 	}
 	top := h.top(false)
-	if len(top) != 1 || top[0].member() != "db.corp.example" {
+	if len(top) != 1 || h.member(top[0]) != "db.corp.example" {
 		t.Fatalf("top %+v, want db.corp.example alone", top)
 	}
 	if lb := top[0].count - top[0].err; lb > 63 || lb < 1 {
@@ -142,7 +147,7 @@ func TestHittersCountLinesAndKeepTheirBounds(t *testing.T) {
 		t.Errorf("%d lines counted, want %d", h.lines, hitterSlots+2)
 	}
 	for _, s := range h.slots {
-		if s.member() == "new.example" && (s.count != 2 || s.err != 1) {
+		if h.member(s) == "new.example" && (s.count != 2 || s.err != 1) {
 			t.Errorf("new member counts %d with error %d, want 2 and 1", s.count, s.err)
 		}
 	}

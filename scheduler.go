@@ -100,7 +100,7 @@ func (s *scheduler) observe(ln line) bool {
 	if in := e.slot.in; in != nil && in != &s.timers {
 		// Waiting for a token: its place is by when it began to wait, which
 		// a line does not change, but its bucket may be empty by now.
-		if s.buckets[bucketOf(e)].wait(s.now) > 0 {
+		if !e.deferred && s.buckets[bucketOf(e)].wait(s.now) > 0 {
 			s.deferred(e, bucketOf(e))
 		}
 	} else {
@@ -317,7 +317,7 @@ func (s *scheduler) place(e *entry) {
 		}
 		_, settling := s.settling[e] // in the flush, a re-create goes first too
 		s.queues[bucketOf(e)].push(e, settling || s.stopping && e.slot.recreate)
-		if s.buckets[bucketOf(e)].wait(s.now) > 0 {
+		if !e.deferred && s.buckets[bucketOf(e)].wait(s.now) > 0 {
 			s.deferred(e, bucketOf(e))
 		}
 	}

@@ -26,7 +26,7 @@ const (
 // stays: it is a word). It works on words separated by spaces, each stripped of the punctuation
 // around it; the shape of a shape is itself. It is only a key: the line's text is never changed.
 func lineShape(s string) string {
-	return string(appendShape(make([]byte, 0, len(s)), s))
+	return string(appendShape(make([]byte, 0, len(s)), s, nil))
 }
 
 // shapeSeed keys shapeHash: shapes are compared only within one process.
@@ -36,7 +36,20 @@ var shapeSeed = maphash.MakeSeed()
 // is built in a buffer on the stack, so that a message costs no allocation.
 func shapeHash(s string) uint64 {
 	var buf [shapeBufSize]byte
-	return maphash.Bytes(shapeSeed, appendShape(buf[:0], s))
+	return maphash.Bytes(shapeSeed, appendShape(buf[:0], s, nil))
+}
+
+// found keeps the first word of a line that its shape names <name>, and the first it names <ip>.
+type found struct{ name, ip string }
+
+func (f *found) saw(placeholder, w string) {
+	switch {
+	case f == nil:
+	case placeholder == shapeName && f.name == "":
+		f.name = w
+	case placeholder == shapeIP && f.ip == "":
+		f.ip = w
+	}
 }
 
 // shapeBufSize holds any message's shape: "1 " becomes "<n> ", no more.
@@ -45,8 +58,9 @@ const shapeBufSize = 2*maxMessageBytes + len(shapeName)
 // appendShape appends the shape of s to b. It goes through s once, word by word; a word without a
 // digit, '.', ':', '=' or '>' cannot hold anything a placeholder replaces, and is copied as it is.
 // A backslash escapes the byte after it, a space too, as in a name CoreDNS prints ("a\
-// b.example."). Every step is linear in the length of the word.
-func appendShape(b []byte, s string) []byte {
+// b.example."). Every step is linear in the length of the word. f, if not nil, is told of names
+// and addresses.
+func appendShape(b []byte, s string, f *found) []byte {
 	start, m := 0, charClass(0)
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -62,19 +76,19 @@ func appendShape(b []byte, s string) []byte {
 		if m&shaped == 0 {
 			b = append(b, s[start:i+1]...)
 		} else {
-			b = append(appendWord(b, s[start:i], m), c)
+			b = append(appendWord(b, s[start:i], m, f), c)
 		}
 		start, m = i+1, 0
 	}
 	if m&shaped == 0 {
 		return append(b, s[start:]...)
 	}
-	return appendWord(b, s[start:], m)
+	return appendWord(b, s[start:], m, f)
 }
 
 // appendWord appends the shape of one word, whose classes are m: each side
 // of "->", and the value of key=value, shaped alone.
-func appendWord(b []byte, w string, m charClass) []byte {
+func appendWord(b []byte, w string, m charClass, f *found) []byte {
 	switch {
 	case m&shaped == 0:
 		return append(b, w...)
@@ -87,14 +101,14 @@ func appendWord(b []byte, w string, m charClass) []byte {
 		start, pm := 0, charClass(0)
 		for i := 0; i < len(w); i++ {
 			if w[i] == '-' && i+1 < len(w) && w[i+1] == '>' {
-				b = append(appendWord(b, w[start:i], pm), "->"...)
+				b = append(appendWord(b, w[start:i], pm, f), "->"...)
 				start, pm = i+2, 0
 				i++
 				continue
 			}
 			pm |= classes[w[i]]
 		}
-		return appendWord(b, w[start:], pm)
+		return appendWord(b, w[start:], pm, f)
 	}
 	if m&classEq != 0 { // key=value, a=b=value: the value alone
 		i := strings.LastIndexByte(w, '=')
@@ -107,7 +121,11 @@ func appendWord(b []byte, w string, m charClass) []byte {
 	for end > 0 && closing[w[end-1]] && (end == 1 || w[end-2] != '\\' || !escaped(w, end-1)) {
 		end--
 	}
+	if end < len(w) && classOf(w[:end])&shaped == 0 { // "A:", "failed:": punctuation alone was shaped
+		return append(b, w...)
+	}
 	if m&classColon != 0 && isIPv6(w[:end]) { // before ':' is taken for punctuation: ::1
+		f.saw(shapeIP, w[:end])
 		return append(append(b, shapeIP...), w[end:]...)
 	}
 	start, bracket := 0, -1
@@ -120,6 +138,7 @@ func appendWord(b []byte, w string, m charClass) []byte {
 	// Of a run of openings, only the last '[' can open an address: the others have a '[' in it.
 	if bracket >= 0 {
 		if n, ok := bracketedIP(w[bracket:]); ok {
+			f.saw(shapeIP, w[bracket:bracket+n])
 			b = append(append(b, w[:bracket]...), shapeIP...)
 			return append(b, w[bracket+n:]...)
 		}
@@ -127,9 +146,9 @@ func appendWord(b []byte, w string, m charClass) []byte {
 	if start > 0 || end < len(w) {
 		m = classOf(w[start:end])
 	}
-	b = append(b, w[:start]...)
-	b = append(b, shapeOf(w[start:end], m)...)
-	return append(b, w[end:]...)
+	p := shapeOf(w[start:end], m)
+	f.saw(p, w[start:end])
+	return append(append(append(b, w[:start]...), p...), w[end:]...)
 }
 
 // escaped tells whether w[i] follows a backslash that escapes it: an odd number of them.
