@@ -120,7 +120,7 @@ type correlator struct {
 
 // newCorrelator keeps size entries; evicted is told of each that leaves.
 func newCorrelator(size int, evicted func(*entry)) *correlator {
-	return &correlator{cache: newCache(size, evicted), windows: map[windowKey]*window{}, shaped: make([]byte, 0, shapeBufSize)}
+	return &correlator{cache: newCache(size, evicted), windows: map[windowKey]*window{}}
 }
 
 func (c *correlator) observe(ln line) *entry {
@@ -198,9 +198,8 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	aggregated[ln.level].Inc()
 	// The budget is of one plugin: its prefix is no part of the shape.
 	rest := strings.TrimPrefix(key.message, ln.plugin)
-	key.message = ""
-	var m string
-	key.shape, m = c.shape(rest)
+	shape, m := c.shape(rest)
+	key.message, key.shape = "", shape
 	e, ok := c.cache.get(key)
 	if !ok && spent >= ownEvents+maxShapes {
 		key.shape = otherShapes

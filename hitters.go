@@ -81,23 +81,17 @@ func (h *hitters) add(member string, at time.Time) bool {
 			least, low = j, s.count
 		}
 	}
-	switch {
-	case i >= 0:
-		h.slots[i].count++
-	case len(h.slots) < hitterSlots:
-		i = len(h.slots)
-		h.slots, h.held = append(h.slots, hitter{}), append(h.held, [maxMemberLen]byte{})
-		h.put(i, member, x, 1, 0)
-	default:
-		i = least
-		h.put(i, member, x, h.slots[i].count+1, h.slots[i].count)
+	if i < 0 { // a new slot, or the least one taken over: its count is the new one's error
+		var c int64
+		if i = len(h.slots); i < hitterSlots {
+			h.slots, h.held = append(h.slots, hitter{}), append(h.held, [maxMemberLen]byte{})
+		} else {
+			i, c = least, low
+		}
+		h.slots[i] = hitter{hash: uint32(x), n: uint8(copy(h.held[i][:], member)), at: uint8(i), count: c, err: c}
 	}
+	h.slots[i].count++
 	return h.isTop(h.slots[i], false)
-}
-
-// put makes slot i count member from count, with error err.
-func (h *hitters) put(i int, member string, hash uint64, count, err int64) {
-	h.slots[i] = hitter{hash: uint32(hash), n: uint8(copy(h.held[i][:], member)), at: uint8(i), count: count, err: err}
 }
 
 // member is the member that s counts.
