@@ -1,9 +1,9 @@
 package k8s_event
 
 import (
+	"cmp"
 	"fmt"
 	"hash/maphash"
-	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -33,10 +33,9 @@ const (
 // hitter is a counter of the summary. Counters are small, so that a line's scan reads little: the
 // member's bytes are kept apart, in held.
 type hitter struct {
-	hash       uint32 // of the member, with shapeSeed: its low half
-	n, at      uint8  // the member's length, and its place in held
-	count, err int64  // count is an upper bound, count-err a lower bound
-	from       int64  // count when the current storm began
+	n, at      uint8 // the member's length, and its place in held
+	count, err int64 // count is an upper bound, count-err a lower bound
+	from       int64 // count when the current storm began
 }
 
 // low is a lower bound on the member's lines, or on those of the current storm only.
@@ -50,6 +49,9 @@ func (s hitter) low(storm bool) int64 {
 type hitters struct {
 	slots  []hitter
 	held   [][maxMemberLen]byte // the members, in place: a line's member is a part of the line, not kept
+	hashes [hitterSlots]uint32  // of the members, with shapeSeed: their low half, scanned alone
+	low    int64                // at most the least count of a slot
+	next   int                  // where the search for a slot of the least count goes on
 	lines  int64
 	sketch [2][sketchWidth]uint8 // the lines of budgetWindow from since, at most 255
 	since  time.Time
@@ -72,13 +74,11 @@ func (h *hitters) add(member string, at time.Time) bool {
 			h.sketch[r][i]++
 		}
 	}
-	i, least, low := -1, 0, int64(math.MaxInt64)
-	for j := range h.slots {
-		if s := &h.slots[j]; s.hash == uint32(x) && h.member(*s) == member {
+	i := -1
+	for j, y := range h.hashes[:len(h.slots)] {
+		if y == uint32(x) && h.member(h.slots[j]) == member {
 			i = j
 			break
-		} else if s.count < low {
-			least, low = j, s.count
 		}
 	}
 	if i < 0 { // a new slot, or the least one taken over: its count is the new one's error
@@ -86,12 +86,28 @@ func (h *hitters) add(member string, at time.Time) bool {
 		if i = len(h.slots); i < hitterSlots {
 			h.slots, h.held = append(h.slots, hitter{}), append(h.held, [maxMemberLen]byte{})
 		} else {
-			i, c = least, low
+			i = h.least()
+			c = h.slots[i].count
 		}
-		h.slots[i] = hitter{hash: uint32(x), n: uint8(copy(h.held[i][:], member)), at: uint8(i), count: c, err: c}
+		h.hashes[i] = uint32(x)
+		h.slots[i] = hitter{n: uint8(copy(h.held[i][:], member)), at: uint8(i), count: c, err: c}
 	}
 	h.slots[i].count++
 	return h.isTop(h.slots[i], false)
+}
+
+// least is a slot of the least count. Counts only grow, each line by one: the least count found
+// last is a lower bound, and the search goes on from the slot where it ended.
+func (h *hitters) least() int {
+	for {
+		for k := range hitterSlots {
+			if j := (h.next + k) % hitterSlots; h.slots[j].count <= h.low {
+				h.next = j
+				return j
+			}
+		}
+		h.low = slices.MinFunc(h.slots, func(a, b hitter) int { return cmp.Compare(a.count, b.count) }).count
+	}
 }
 
 // member is the member that s counts.
@@ -145,13 +161,10 @@ func (h *hitters) names(storm bool) string {
 // member is what a line is about: its first DNS name, else its first IP address without its port;
 // empty if neither. At most maxMemberLen bytes, a part of the line.
 func (f *found) member() string {
-	switch {
-	case f.name != "":
-		return cutMember(f.name)
-	case f.ip != "":
+	if f.name == "" && f.ip != "" {
 		return cutMember(hostOf(f.ip))
 	}
-	return ""
+	return cutMember(f.name)
 }
 
 // hostOf is the IP address of a word, its port cut; empty if none.

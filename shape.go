@@ -43,11 +43,9 @@ func shapeHash(s string) uint64 {
 type found struct{ name, ip string }
 
 func (f *found) saw(placeholder, w string) {
-	switch {
-	case f == nil:
-	case placeholder == shapeName && f.name == "":
+	if f != nil && placeholder == shapeName && f.name == "" {
 		f.name = w
-	case placeholder == shapeIP && f.ip == "":
+	} else if f != nil && placeholder == shapeIP && f.ip == "" {
 		f.ip = w
 	}
 }
