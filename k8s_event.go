@@ -1,23 +1,20 @@
 // Package k8s_event is a CoreDNS plugin that turns CoreDNS's log lines into Kubernetes Events on
 // its pod, so that `kubectl get events` and `kubectl describe pod` show what CoreDNS logged.
 //
-// Only the listener runs on the DNS path; one goroutine owns everything
-// else that decides what to write, and writers only do I/O:
+// Only the listener runs on the DNS path; one goroutine owns everything else that decides what to
+// write, and writers only do I/O:
 //
-//	listener (hook.go)         level test, format, non-blocking hand-off
-//	pipeline (pipeline.go)     the goroutine that runs the scheduler, the
-//	                           writers' goroutines, the fatal path, stop
-//	scheduler (scheduler.go)   what to send next: order, backoff, Retry-After,
-//	                           settling, shutdown as a mode
-//	  correlator.go            one LRU of events: repeats counted, storms
-//	                           combined by shape (shape.go), eviction
-//	  ratelimit.go             a token bucket per reason, and backoff
-//	  end.go                   when a storm is over, and its end event
-//	  pod.go                   the pod the events are about, and its UID
-//	writers (writer.go)        one HTTP request each, and what came of it
+//	listener (hook.go)        level test, format, non-blocking hand-off
+//	pipeline (pipeline.go)    the scheduler's goroutine, the writers', the fatal path, stop
+//	scheduler (scheduler.go)  what to send next: backoff, Retry-After, settling, shutdown
+//	  correlator.go           repeats counted, storms combined by shape (shape.go) and by
+//	                          member (hitters.go), within a budget of new events
+//	  cache.go, queue.go      eviction by information; the order of tokens
+//	  ratelimit.go, end.go    a token bucket per reason; when a storm is over
+//	  pod.go                  the pod the events are about, and its UID
+//	writers (writer.go)       one HTTP request each, and what came of it
 //
 // Events are built in event.go; only account.go moves lines between seen, carried and dropped.
-//
 // One pipeline serves the whole process, whatever the number of server blocks and across reloads:
 // the broadcaster below attaches caddy instances to it and stops it when the last one is gone.
 package k8s_event
