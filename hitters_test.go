@@ -20,6 +20,8 @@ func TestMemberIsFirstNameElseAddress(t *testing.T) {
 		"upstream=dns.corp.example took 1.5s":                                     "dns.corp.example",
 		"after 2.5s: lookup a\\ b.example. failed":                                "a\\ b.example",
 		"via [2001:db8::53]:53 then b.example":                                    "b.example",
+		"a.example. CNAME b.example.: loop":                                       "a.example",
+		"10.0.0.5:53 answered bad.example.: SERVFAIL":                             "bad.example",
 		"2 " + strings.Repeat("a", 56) + ".example A: i/o timeout":                strings.Repeat("a", 56) + ".example",
 	} {
 		var f found
