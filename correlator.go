@@ -115,7 +115,7 @@ type correlator struct {
 	origin  time.Time // a budgetWindow before the first line: no window's zero is within one
 	seq     uint64
 	quiet   time.Duration // the scheduler's: storms' paces count lines in slots of it
-	shaped  []byte        // room for a line's shape
+	shaped  []byte        // room for a line's shape: shapeHash's, in place
 }
 
 // newCorrelator keeps size entries; evicted is told of each that leaves.
@@ -198,8 +198,10 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	aggregated[ln.level].Inc()
 	// The budget is of one plugin: its prefix is no part of the shape.
 	rest := strings.TrimPrefix(key.message, ln.plugin)
-	shape, m := c.shape(rest)
-	key.message, key.shape = "", shape
+	var f found // the member too, in the same pass
+	c.shaped = appendShape(c.shaped[:0], rest, &f)
+	key.message, key.shape = "", maphash.Bytes(shapeSeed, c.shaped)
+	m := f.member()
 	e, ok := c.cache.get(key)
 	if !ok && spent >= ownEvents+maxShapes {
 		key.shape = otherShapes
@@ -225,13 +227,6 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 		return own, nil, false, m
 	}
 	return key, e, true, m
-}
-
-// shape is shapeHash(s) and the member of s (hitters.go), found in the same pass.
-func (c *correlator) shape(s string) (uint64, string) {
-	var f found
-	c.shaped = appendShape(c.shaped[:0], s, &f)
-	return maphash.Bytes(shapeSeed, c.shaped), f.member()
 }
 
 // window is the budget of wk. Beyond maxWindows, those unused for budgetWindow go first.

@@ -92,8 +92,10 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 		return append(b, w...)
 	case m == classDigit: // the commonest: a count, a port, a code
 		return append(b, shapeNum...)
-	case m.only(classDigit|classUnit) && isDuration(w): // 250ms
-		return append(b, shapeDur...)
+	case m&(classColon|classEq|classGt) == 0 && !opening[w[0]] && !closing[w[len(w)-1]]: // a.example
+		p := shapeOf(w, m)
+		f.saw(p, w)
+		return append(b, p...)
 	}
 	if m&classGt != 0 && strings.Contains(w, "->") {
 		start, pm := 0, charClass(0)
@@ -119,8 +121,10 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 	for end > 0 && closing[w[end-1]] && (end == 1 || w[end-2] != '\\' || !escaped(w, end-1)) {
 		end--
 	}
-	if end < len(w) && classOf(w[:end])&shaped == 0 { // "A:", "failed:": punctuation alone was shaped
-		return append(b, w...)
+	if end < len(w) { // "A:", "failed:": the punctuation alone may have been shaped
+		if m = classOf(w[:end]); m&shaped == 0 {
+			return append(b, w...)
+		}
 	}
 	if m&classColon != 0 && isIPv6(w[:end]) { // before ':' is taken for punctuation: ::1
 		f.saw(shapeIP, w[:end])
@@ -141,7 +145,7 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 			return append(b, w[bracket+n:]...)
 		}
 	}
-	if start > 0 || end < len(w) {
+	if start > 0 {
 		m = classOf(w[start:end])
 	}
 	p := shapeOf(w[start:end], m)
@@ -251,7 +255,7 @@ func shapeOf(w string, m charClass) string {
 		return shapeIP
 	case m.only(classDigit|classHexLetter|classX) && isHex(w):
 		return shapeHex
-	case m&classDot != 0 && isName(w):
+	case m&classDot != 0 && isName(w, m):
 		return shapeName
 	}
 	return w
@@ -378,7 +382,7 @@ func isHex(w string) bool {
 // isName: two labels or more of the bytes CoreDNS prints unescaped in a name (printable ASCII but .
 // space ' @ ; ( ) " \, '*' as a whole label only) or of its escapes of the others (\DDD, \. and the
 // like), with a letter or an escape somewhere; no URL.
-func isName(w string) bool {
+func isName(w string, m charClass) bool {
 	letter, dot, labelLen := false, false, 0
 	for i := 0; i < len(w); i++ {
 		switch c := w[i]; {
@@ -403,7 +407,7 @@ func isName(w string) bool {
 		}
 		labelLen++
 	}
-	return letter && dot && labelLen > 0 && (strings.IndexByte(w, ':') < 0 || !strings.Contains(w, "://")) // a URL
+	return letter && dot && labelLen > 0 && (m&classColon == 0 || !strings.Contains(w, "://")) // a URL
 }
 
 // escapeLen is the length of the escape w starts with: CoreDNS's \DDD and
