@@ -1,7 +1,9 @@
 package k8s_event
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -217,5 +219,33 @@ func TestNamesFillExactlyTheirRoom(t *testing.T) {
 	}
 	if got := h.names(false); len(got) != maxHitters || strings.Count(got, "≥") != 4 {
 		t.Errorf("%d bytes naming %d members, want all 4 in %d", len(got), strings.Count(got, "≥"), maxHitters)
+	}
+}
+
+// TestNewMemberTakesOverTheSlotOfLeastCount: with every slot taken, a new member takes over a
+// slot whose count is least, wherever it is and however often that happens, and inherits its
+// count as its error; members of more lines keep their slots.
+func TestNewMemberTakesOverTheSlotOfLeastCount(t *testing.T) {
+	var h hitters
+	for i := range hitterSlots { // m0 has 33 lines, m1 32, ..., m31 2
+		for range hitterSlots + 1 - i {
+			h.add(fmt.Sprintf("m%d.example", i), epoch)
+		}
+	}
+	for round := range 3 * hitterSlots {
+		least := slices.MinFunc(h.slots, func(a, b hitter) int { return cmp.Compare(a.count, b.count) }).count
+		most := slices.MaxFunc(h.slots, func(a, b hitter) int { return cmp.Compare(a.count, b.count) })
+		name := fmt.Sprintf("new%d.example", round)
+		h.add(name, epoch)
+		kept := map[string]hitter{}
+		for _, s := range h.slots {
+			kept[h.member(s)] = s
+		}
+		if s, ok := kept[name]; !ok || s.count != least+1 || s.err != least {
+			t.Fatalf("%s counts %+v (kept: %t), want count %d and error %d", name, s, ok, least+1, least)
+		}
+		if s := kept[h.member(most)]; s.count != most.count {
+			t.Fatalf("round %d: the member of most lines lost its slot", round)
+		}
 	}
 }
