@@ -100,9 +100,7 @@ func (s *scheduler) observe(ln line) bool {
 	if in := e.slot.in; in != nil && in != &s.timers {
 		// Waiting for a token: its place is by when it began to wait, which
 		// a line does not change, but its bucket may be empty by now.
-		if !e.deferred && s.buckets[bucketOf(e)].wait(s.now) > 0 {
-			s.deferred(e, bucketOf(e))
-		}
+		s.deferred(e, bucketOf(e))
 	} else {
 		s.place(e)
 	}
@@ -317,9 +315,7 @@ func (s *scheduler) place(e *entry) {
 		}
 		_, settling := s.settling[e] // in the flush, a re-create goes first too
 		s.queues[bucketOf(e)].push(e, settling || s.stopping && e.slot.recreate)
-		if !e.deferred && s.buckets[bucketOf(e)].wait(s.now) > 0 {
-			s.deferred(e, bucketOf(e))
-		}
+		s.deferred(e, bucketOf(e))
 	}
 }
 
@@ -363,9 +359,9 @@ func bucketOf(e *entry) level {
 
 func (s *scheduler) nextID() uint64 { s.lastID++; return s.lastID }
 
-// deferred counts an event that found its bucket empty, once until its next request.
+// deferred counts an event whose bucket b is empty now, once until its next request.
 func (s *scheduler) deferred(e *entry, b level) {
-	if e.deferred {
+	if e.deferred || s.buckets[b].wait(s.now) == 0 {
 		return
 	}
 	e.deferred = true

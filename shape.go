@@ -381,7 +381,7 @@ func isHex(w string) bool {
 
 // isName: two labels or more of the bytes CoreDNS prints unescaped in a name (printable ASCII but .
 // space ' @ ; ( ) " \, '*' as a whole label only) or of its escapes of the others (\DDD, \. and the
-// like), with a letter or an escape somewhere; no URL.
+// like), with a letter or an escape somewhere; no URL. m is the classes of w's bytes.
 func isName(w string, m charClass) bool {
 	letter, dot, labelLen := false, false, 0
 	for i := 0; i < len(w); i++ {
