@@ -128,7 +128,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print what would change, change nothing")
 	fs.DurationVar(&o.Wait, "timeout", 5*time.Minute, "how long to wait for the rollout before putting back what was changed (0: do not wait)")
 	fs.DurationVar(&o.Settle, "settle", 20*time.Second, "how long the new pods must stay Ready without a restart before the rollout counts as done (the Deployment's minReadySeconds when longer)")
-	fs.BoolVar(&o.Force, "force", false, "go on where another owner keeps CoreDNS (addon manager, helm, Argo CD, Flux, k3s, a server-side applier), where the Corefile's ConfigMap has keys another controller rewrites, where --timeout 0 could take Ready pods below their count, or where --image runs another CoreDNS release")
+	fs.BoolVar(&o.Force, "force", false, "go on where another owner keeps CoreDNS (helm, Argo CD, Flux, k3s, a server-side applier; not a refused layout), where the Corefile's ConfigMap has keys another controller rewrites, where --timeout 0 could take Ready pods below their count, or where --image runs another CoreDNS release")
 	var output string
 	fs.StringVar(&output, "o", "", "output format: json (default: text)")
 	fs.StringVar(&output, "output", "", "output format: json (default: text)")

@@ -41,7 +41,7 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 		return d, nil
 	}
 	found := map[string]appsv1.Deployment{}
-	for _, sel := range selectors() {
+	for _, sel := range selectors(kindDeployment) {
 		list, err := c.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
 			return nil, fmt.Errorf("looking for CoreDNS in namespace %q: %w", ns, err)
@@ -55,7 +55,7 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 		if ds := daemonSets(ctx, c, ns, ""); len(ds) > 0 {
 			return nil, daemonSetError(ns, ds)
 		}
-		return nil, fmt.Errorf("no Deployment labelled %s in namespace %q: name it with --deployment (and --namespace)", strings.Join(selectors(), " or "), ns)
+		return nil, fmt.Errorf("no Deployment labelled %s in namespace %q: name it with --deployment (and --namespace)", strings.Join(selectors(kindDeployment), " or "), ns)
 	case 1:
 		for _, d := range found {
 			return &d, nil
@@ -70,33 +70,50 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 }
 
 // daemonSets are the DaemonSets of ns named name, or, when name is
-// empty, labelled as CoreDNS is: CoreDNS may run as one.
-func daemonSets(ctx context.Context, c kubernetes.Interface, ns, name string) []string {
+// empty, labelled as CoreDNS is, there or in the namespace a layout runs
+// it in: CoreDNS may run as one.
+func daemonSets(ctx context.Context, c kubernetes.Interface, ns, name string) []appsv1.DaemonSet {
 	if name != "" {
-		if _, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
 			return nil
 		}
-		return []string{name}
+		return []appsv1.DaemonSet{*ds}
 	}
-	var out []string
-	for _, sel := range selectors() {
+	var out []appsv1.DaemonSet
+	look := func(ns, sel string) {
 		list, err := c.AppsV1().DaemonSets(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
-			continue
+			return
 		}
 		for _, d := range list.Items {
-			if !slices.Contains(out, d.Name) {
-				out = append(out, d.Name)
+			if !slices.ContainsFunc(out, func(o appsv1.DaemonSet) bool { return o.Namespace == d.Namespace && o.Name == d.Name }) {
+				out = append(out, d)
 			}
 		}
 	}
-	sort.Strings(out)
+	for _, sel := range selectors(kindDaemonSet) {
+		look(ns, sel)
+	}
+	for _, l := range layouts {
+		if l.namespace != "" && l.namespace != ns && l.kind == kindDaemonSet {
+			look(l.namespace, l.selector)
+		}
+	}
 	return out
 }
 
-// daemonSetError says that CoreDNS runs as the DaemonSets names of ns,
-// which install does not change, and the way that works.
-func daemonSetError(ns string, names []string) error {
+// daemonSetError says that CoreDNS runs as the DaemonSets ds: refused
+// with the vendor's way where a layout leaves it alone, else that install
+// does not change it, and the way that works.
+func daemonSetError(ns string, ds []appsv1.DaemonSet) error {
+	var names []string
+	for _, d := range ds {
+		if l := layoutOf(subject{kind: kindDaemonSet, meta: &d.ObjectMeta}); l.refused != "" {
+			return &RefusedError{[]string{fmt.Sprintf("daemonset %s/%s: %s", d.Namespace, d.Name, l.refused)}}
+		}
+		names = append(names, d.Namespace+"/"+d.Name)
+	}
 	return fmt.Errorf("namespace %q runs CoreDNS as DaemonSet %s, and install changes a Deployment only (--deployment names no DaemonSet): copy the kustomize component deploy/k8s_event/component, set kind: DaemonSet and the names in its patch, and apply it with your manifests (docs/install.md, With kustomize)", ns, strings.Join(names, ", "))
 }
 

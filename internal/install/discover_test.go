@@ -90,7 +90,7 @@ func TestInstallOnADaemonSetSaysTheWayThatWorks(t *testing.T) {
 	for _, o := range []Options{{Image: image}, {Image: image, Deployment: "coredns"}} {
 		c := newClient(ds.DeepCopy(), configMap())
 		err := Install(ctx, c, o)
-		if err == nil || !strings.Contains(err.Error(), "DaemonSet coredns") || !strings.Contains(err.Error(), "deploy/k8s_event/component") || strings.Contains(err.Error(), "name it with --deployment") {
+		if err == nil || !strings.Contains(err.Error(), "DaemonSet kube-system/coredns") || !strings.Contains(err.Error(), "deploy/k8s_event/component") || strings.Contains(err.Error(), "name it with --deployment") {
 			t.Errorf("install %+v on a DaemonSet: %v", o, err)
 		}
 	}

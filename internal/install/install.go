@@ -76,9 +76,9 @@ type Options struct {
 	// JSON writes one JSON document (a Result, or for status a
 	// StatusReport) to Out in place of text.
 	JSON bool
-	// Force goes on where another owner keeps the Deployment (the addon
-	// manager in Reconcile mode, helm, Argo CD, Flux, k3s, another
-	// server-side applier), where the Corefile's ConfigMap has keys that
+	// Force goes on where another owner keeps the Deployment (helm,
+	// Argo CD, Flux, k3s, another server-side applier; never past a
+	// refused layout such as the addon manager in Reconcile mode), where the Corefile's ConfigMap has keys that
 	// another controller keeps current, where a run that does not wait
 	// could take the Ready pods below their count, and where Image is
 	// on another CoreDNS release than the one the Deployment runs.

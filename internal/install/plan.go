@@ -172,7 +172,7 @@ func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, ori
 // layout tells the Deployment's layout, and refuses the layouts the tool
 // leaves alone.
 func (r *run) layout(t *target, src *corev1.ConfigMap) (*layout, error) {
-	l := layoutOf(t.dep, src.Data[t.key])
+	l := layoutOf(subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, corefile: src.Data[t.key], configMap: src.Labels})
 	r.res.Layout = l.name
 	if l.refused != "" {
 		return nil, &RefusedError{[]string{fmt.Sprintf("deployment %s/%s: %s", t.dep.Namespace, t.dep.Name, l.refused)}}

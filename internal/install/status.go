@@ -148,11 +148,11 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 	case err != nil:
 		return err
 	}
-	corefile := ""
+	sub := subject{kind: kindDeployment, meta: &t.dep.ObjectMeta}
 	if read != nil {
-		corefile = read.Data[t.key]
+		sub.corefile, sub.configMap = read.Data[t.key], read.Labels
 	}
-	l := layoutOf(t.dep, corefile)
+	l := layoutOf(sub)
 	s.Layout, s.Owners = l.name, otherOwners(t.dep, t, l)
 	if l.refused != "" {
 		s.Owners = append(s.Owners, l.refused)
