@@ -112,12 +112,17 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 		return nil, err
 	}
 	refuse = append(refuse, more...)
-	if err := otherInstall(t, src); err != nil {
+	m := t.mountedFiles(orig.Volume, src.Data)
+	cf, err := parseCorefile(src.Data[t.key], m)
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", src.Namespace, src.Name, t.key, err)
+	}
+	if err := otherInstall(t, src, cf); err != nil {
 		return nil, err
 	}
 	refuse = append(refuse, r.extraKeyRefusals(src, orig)...)
 	p := &installPlan{d: t.dep, t: t}
-	if p.gen, err = r.planConfigMap(t, orig, src); err != nil {
+	if p.gen, err = r.planConfigMap(t, orig, src, cf, m); err != nil {
 		return nil, err
 	}
 	want, err := r.planTemplate(p, orig, src)
@@ -204,18 +209,17 @@ func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
 
 // planConfigMap is the ConfigMap the pods will read: the operator's, with
 // kubeapi and k8s_event in the Corefile, named by its content.
-func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap, cf *corefileText, m *mountedFiles) (*corev1.ConfigMap, error) {
 	d, ns := t.dep, t.dep.Namespace
-	m := t.mountedFiles(orig.Volume, src.Data)
-	corefile, _, err := addPluginsWith(src.Data[t.key], r.o.Options, m)
+	out, err := cf.withPlugins(r.o.Options, m)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
 	}
-	if err := checkCorefileWith(corefile, m); err != nil {
+	if err := out.check(); err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: the Corefile made from it would not load: %w", ns, src.Name, t.key, err)
 	}
 	data := maps.Clone(src.Data)
-	data[t.key] = corefile
+	data[t.key] = out.src
 	var binary map[string][]byte
 	if len(src.BinaryData) > 0 {
 		binary = map[string][]byte{}

@@ -113,7 +113,7 @@ func notOurs(env []corev1.EnvVar) []corev1.EnvVar {
 // otherInstall refuses a Deployment that runs k8s_event set up by other
 // means, whole or in part (k8s_event in its Corefile and any of the four
 // variables): its image and Corefile are not the originals to record.
-func otherInstall(t *target, src *corev1.ConfigMap) error {
+func otherInstall(t *target, src *corev1.ConfigMap, cf *corefileText) error {
 	d := t.dep
 	ctr := d.Spec.Template.Spec.Containers[t.container]
 	var have, missing []string
@@ -124,7 +124,7 @@ func otherInstall(t *target, src *corev1.ConfigMap) error {
 			missing = append(missing, e.Name)
 		}
 	}
-	if t.rec != nil || !hasPluginsWith(src.Data[t.key], t.mountedFiles(t.dep.Spec.Template.Spec.Volumes[t.volume], src.Data)) || len(have) == 0 {
+	if t.rec != nil || !cf.has("k8s_event") || len(have) == 0 {
 		return nil
 	}
 	vars := "the downward-API variables"

@@ -154,7 +154,11 @@ func (r *run) checkGiveBack(ctx context.Context, c kubernetes.Interface, t *targ
 // plugin's options there), which only a build with k8s_event knows; ""
 // when it has neither.
 func pluginsLeft(t *target, vol corev1.Volume, cm *corev1.ConfigMap) string {
-	found := externalPlugins(cm.Data[t.key], t.mountedFiles(vol, cm.Data))
+	c, err := parseCorefile(cm.Data[t.key], t.mountedFiles(vol, cm.Data))
+	if err != nil {
+		return ""
+	}
+	found := c.externalPlugins()
 	if len(found) == 0 {
 		return ""
 	}
