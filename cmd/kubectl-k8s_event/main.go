@@ -121,7 +121,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&kubecontext, "context", "", "the kubeconfig context")
 	fs.StringVar(&o.Namespace, "namespace", "kube-system", "the namespace of CoreDNS")
 	fs.StringVar(&o.Namespace, "n", "kube-system", "short for --namespace")
-	fs.StringVar(&o.Deployment, "deployment", "", "the CoreDNS Deployment (default: the one labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns)")
+	var workload string
+	fs.StringVar(&workload, "workload", "", "what runs CoreDNS, as KIND/NAME: deployment/NAME (daemonset/NAME is named and refused, with the way that works) (default: the Deployment labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns)")
+	fs.StringVar(&o.Deployment, "deployment", "", "the CoreDNS Deployment: --workload deployment/NAME")
 	fs.StringVar(&o.Container, "container", "", "the CoreDNS container (default: coredns, or the only one)")
 	fs.StringVar(&o.Image, "image", "", "install: the CoreDNS image with k8s_event, on the CoreDNS release the Deployment runs (when not given, install names that release and how to build its image)")
 	fs.Var(&options, "option", "install: a line of the k8s_event block, e.g. 'level info warning error' (repeatable; default: none, the plugin's defaults)")
@@ -144,6 +146,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return usageErr(fmt.Errorf("%s: unexpected arguments %q", cmd, fs.Args()))
+	}
+	if err := setWorkload(&o, workload); err != nil {
+		return usageErr(err)
 	}
 	if o.Settle < 0 {
 		return usageErr(fmt.Errorf("--settle %v: must not be negative", o.Settle))
@@ -171,6 +176,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall or status", cmd))
 	}
 	return dispatch(ctx, cmd, kubeconfig, kubecontext, o)
+}
+
+// setWorkload sets o's workload from --workload KIND/NAME, which
+// --deployment NAME must not contradict.
+func setWorkload(o *install.Options, workload string) error {
+	if workload == "" {
+		return nil
+	}
+	kind, name, ok := strings.Cut(workload, "/")
+	if !ok || name == "" {
+		return fmt.Errorf("--workload %q: want KIND/NAME, such as deployment/coredns", workload)
+	}
+	switch strings.ToLower(kind) {
+	case "deployment", "deployments", "deploy":
+		kind = "Deployment"
+	case "daemonset", "daemonsets", "ds":
+		kind = "DaemonSet"
+	default:
+		return fmt.Errorf("--workload %q: kind %q: want deployment or daemonset", workload, kind)
+	}
+	if o.Deployment != "" && (o.Deployment != name || kind != "Deployment") {
+		return fmt.Errorf("--workload %q and --deployment %q name different workloads: give one", workload, o.Deployment)
+	}
+	o.Kind, o.Deployment = kind, name
+	return nil
 }
 
 // dispatch runs cmd against the cluster that kubeconfig and kubecontext

@@ -30,6 +30,13 @@ type target struct {
 // findDeployment returns the CoreDNS Deployment that o names.
 func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*appsv1.Deployment, error) {
 	ns := o.namespace()
+	if o.Kind == kindDaemonSet {
+		ds := daemonSets(ctx, c, ns, o.Deployment)
+		if len(ds) == 0 {
+			return nil, fmt.Errorf("--workload daemonset/%s: no such DaemonSet in namespace %q", o.Deployment, ns)
+		}
+		return nil, daemonSetError(ns, ds)
+	}
 	if o.Deployment != "" {
 		d, err := c.AppsV1().Deployments(ns).Get(ctx, o.Deployment, metav1.GetOptions{})
 		if err != nil {
@@ -114,7 +121,7 @@ func daemonSetError(ns string, ds []appsv1.DaemonSet) error {
 		}
 		names = append(names, d.Namespace+"/"+d.Name)
 	}
-	return fmt.Errorf("namespace %q runs CoreDNS as DaemonSet %s, and install changes a Deployment only (--deployment names no DaemonSet): copy the kustomize component deploy/k8s_event/component, set kind: DaemonSet and the names in its patch, and apply it with your manifests (docs/install.md, With kustomize)", ns, strings.Join(names, ", "))
+	return fmt.Errorf("namespace %q runs CoreDNS as DaemonSet %s, and install changes a Deployment only: copy the kustomize component deploy/k8s_event/component, set kind: DaemonSet and the names in its patch, and apply it with your manifests (docs/install.md, With kustomize)", ns, strings.Join(names, ", "))
 }
 
 // inspect finds the container, the config volume and the Corefile's key.

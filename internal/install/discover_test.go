@@ -95,3 +95,20 @@ func TestInstallOnADaemonSetSaysTheWayThatWorks(t *testing.T) {
 		}
 	}
 }
+
+// --workload daemonset/NAME finds the DaemonSet and says the way that
+// works; one that is not there is named.
+func TestInstallOnAWorkloadNamedAsADaemonSet(t *testing.T) {
+	ctx := context.Background()
+	d := deployment()
+	ds := &appsv1.DaemonSet{ObjectMeta: d.ObjectMeta, Spec: appsv1.DaemonSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template}}
+	c := newClient(ds, configMap())
+	err := Install(ctx, c, Options{Image: image, Kind: kindDaemonSet, Deployment: "coredns"})
+	if err == nil || !strings.Contains(err.Error(), "DaemonSet kube-system/coredns") {
+		t.Errorf("install --workload daemonset/coredns: %v", err)
+	}
+	err = Install(ctx, c, Options{Image: image, Kind: kindDaemonSet, Deployment: "dns"})
+	if err == nil || !strings.Contains(err.Error(), "--workload daemonset/dns: no such DaemonSet") {
+		t.Errorf("install --workload daemonset/dns: %v", err)
+	}
+}

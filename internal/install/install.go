@@ -52,6 +52,10 @@ type Options struct {
 	// labelled k8s-app=kube-dns (kubeadm, kind) or
 	// app.kubernetes.io/name=coredns (the CoreDNS helm chart).
 	Deployment string
+	// Kind is the kind of the workload Deployment names: Deployment when
+	// empty, or DaemonSet (--workload daemonset/NAME), which install
+	// refuses or tells the way that works for.
+	Kind string
 	// Container is the CoreDNS container's name; when empty, the one
 	// named coredns, or the only one.
 	Container string

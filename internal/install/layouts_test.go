@@ -201,3 +201,25 @@ func TestInstallRefusesOpenShiftsDNS(t *testing.T) {
 		}
 	}
 }
+
+// node-local-dns as upstream ships it (cluster/addons/dns/nodelocaldns of
+// k8s.io/kubernetes) carries the addon manager's Reconcile label: install
+// refuses it, even with --force, with the vendor's way, whether its
+// placeholders are there or replaced as its README tells users.
+func TestInstallRefusesNodeLocalDNSInReconcileMode(t *testing.T) {
+	const manifest = "cluster/addons/dns/nodelocaldns/nodelocaldns.yaml"
+	for name, replace := range map[string][]string{
+		"placeholders": nil,
+		"replaced":     {"__PILLAR__LOCAL__DNS__", "169.254.20.10", "__PILLAR__DNS__DOMAIN__", "cluster.local", "__PILLAR__DNS__SERVER__", "10.96.0.10"},
+	} {
+		objs := upstreamObjects(t, manifest, replace...)
+		if len(objs) < 5 {
+			t.Fatalf("%s: %d objects read from %s", name, len(objs), manifest)
+		}
+		c := newClient(append(objs, deployment(), configMap())...)
+		err := Install(context.Background(), c, withForce(Options{Image: image, Deployment: "node-local-dns", DryRun: true}))
+		if !IsRefused(err) || !strings.Contains(err.Error(), "daemonset kube-system/node-local-dns") || !strings.Contains(err.Error(), "NodeLocalDNS=DISABLED") {
+			t.Errorf("%s: install --force of node-local-dns: %v, want it refused with the vendor's way", name, err)
+		}
+	}
+}
