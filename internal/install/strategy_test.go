@@ -341,3 +341,43 @@ func TestInstallFinishesARunKilledBeforeItGaveUpItsFields(t *testing.T) {
 		t.Errorf("the next server-side apply: %v", err)
 	}
 }
+
+// An uninstall killed after it put the operator's strategy back, before it
+// gave up its fields: the next uninstall gives them up.
+func TestUninstallFinishesARunKilledBeforeItGaveUpItsFields(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(configMap())
+	deps := c.AppsV1().Deployments("kube-system")
+	applied := appliedDeployment()
+	applied.Spec.WithReplicas(1).WithStrategy(applyapps.DeploymentStrategy().WithType(appsv1.RollingUpdateDeploymentStrategyType).
+		WithRollingUpdate(applyapps.RollingUpdateDeployment().WithMaxUnavailable(intstr.FromInt32(1))))
+	if _, err := deps.Apply(ctx, applied, metav1.ApplyOptions{FieldManager: "platform"}); err != nil {
+		t.Fatal(err)
+	}
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	o := withForce(Options{Image: image, Deployment: "coredns", Wait: 5 * time.Second})
+	if err := Install(ctx, c, o); err != nil {
+		t.Fatal(err)
+	}
+	revive := killAfterStrategyBack(c)
+	if err := Uninstall(ctx, c, Options{Deployment: "coredns", Wait: 5 * time.Second}); err == nil {
+		t.Fatal("the killed uninstall: no error")
+	}
+	revive()
+	if s, healthy := statusText(t, c); healthy || !strings.Contains(s, "before it gave up the fields it set") {
+		t.Errorf("status after the killed uninstall (healthy %v):\n%s", healthy, s)
+	}
+	var dry bytes.Buffer
+	if err := Uninstall(ctx, c, Options{Deployment: "coredns", DryRun: true, Out: &dry}); err != nil || !strings.Contains(dry.String(), "giving up the install's field ownership") {
+		t.Errorf("the dry run of the next uninstall: %v, want it to say the fields go\n%s", err, dry.String())
+	}
+	if err := Uninstall(ctx, c, Options{Deployment: "coredns", Wait: 5 * time.Second}); err != nil {
+		t.Fatalf("the next uninstall: %v", err)
+	}
+	if fieldsHeld(get(t, c)) {
+		t.Errorf("the next uninstall left the install's fields: %+v", get(t, c).ManagedFields)
+	}
+	if _, err := deps.Apply(ctx, applied, metav1.ApplyOptions{FieldManager: "platform"}); err != nil {
+		t.Errorf("the next server-side apply: %v", err)
+	}
+}

@@ -65,10 +65,24 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 		if err := r.rollout(ctx, c, operatorView(d), p.tmp, p.t, uninstalled(p.t), nil); err != nil {
 			return err
 		}
-	} else if err := r.prune(ctx, c, d.Namespace, d.Name, ""); err != nil {
+	} else if err := r.finishCutOff(ctx, c, d); err != nil {
 		return err
 	}
 	return r.rbacRemoval(ctx, c, d, "")
+}
+
+// finishCutOff finishes, where nothing rolls, what a run cut off after its
+// rollout left: the install's field ownership goes, and the ConfigMaps no
+// revision reads.
+func (r *run) finishCutOff(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) error {
+	ns, name := d.Namespace, d.Name
+	if fieldsHeld(d) {
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, fmt.Sprintf("patch deployment %s/%s, giving up the install's field ownership", ns, name))
+		if err := releaseFields(ctx, c, ns, name); err != nil {
+			return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", ns, name, err)
+		}
+	}
+	return r.prune(ctx, c, ns, name, "")
 }
 
 // planUninstall works out the Deployment's patch that gives back what
@@ -233,6 +247,9 @@ func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interfa
 	if p.tmp != nil && p.t.rec != nil {
 		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, When: when, Detail: "strategy back to " + strategyString(operatorView(d).Spec.Strategy)},
 			fmt.Sprintf("%s, patch deployment %s/%s", when, ns, name))
+	}
+	if p.patch == nil && fieldsHeld(d) {
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, fmt.Sprintf("patch deployment %s/%s, giving up the install's field ownership", ns, name))
 	}
 	unused, err := unusedConfigMaps(ctx, c, d, "")
 	if err != nil {
