@@ -45,7 +45,7 @@ NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 with_tools = tools_env=$$(hack/tools.sh env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build build-check image release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-against fuzz mutate mutate-contract clean
+.PHONY: all build build-check image push release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-against fuzz mutate mutate-contract clean
 
 all: build
 
@@ -66,6 +66,17 @@ image:
 	$(GO) run ./hack/image $(foreach p,$(PLATFORMS),-binary $(p)=$(call platform_bin,$(p))) \
 		-name $(IMAGE_NAME) -tag '$(IMAGE_TAG)' -version $(VERSION) -revision $(REVISION) \
 		-coredns $(COREDNS_VERSION) -out $(IMAGE_ARCHIVE) -ref-file $(IMAGE_REF_FILE)
+
+# push pushes the image that `make image` wrote, both platforms, to IMAGE
+# (REGISTRY/REPO:TAG) with the credentials of the docker config (`docker
+# login`), and prints the pushed reference with its digest. A tag that
+# names another image is refused unless OVERWRITE=1. The tool is the
+# module hack/registry, so that the plugin's module does not require
+# go-containerregistry.
+IMAGE ?=
+OVERWRITE ?=
+push:
+	$(GO) run -C hack/registry . push -archive $(abspath $(IMAGE_ARCHIVE)) $(if $(OVERWRITE),-overwrite) '$(IMAGE)'
 
 # release writes dist/: the static binaries of PLATFORMS, their image
 # archive named by its tag, the image's reference, and SHA-256 sums.
@@ -108,6 +119,7 @@ build-check: build
 
 test-unit:
 	$(GO) test -race -count=1 ./...
+	$(GO) test -C hack/registry -race -count=1 ./...
 
 # test-faults runs the fault models over many more seeds than test-unit
 # does: the stepped one (the production scheduler on a fake clock) without
