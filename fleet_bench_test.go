@@ -349,17 +349,24 @@ func (f *fleet) start(cfg config) replicas {
 	return rs
 }
 
+// sameLine is the upstream's failure, which every replica logs alike.
+const sameLine = "2 . NS: read udp 10.244.0.5:41234->10.96.0.1:53: i/o timeout"
+
 // log has every replica log the scenario's lines, evenly within spread, and returns how many.
 func (rs replicas) log(spread time.Duration) int64 {
-	same := "plugin/errors: 2 . NS: read udp 10.244.0.5:41234->10.96.0.1:53: i/o timeout"
 	total := *fleetSame + *fleetNames
-	tick := time.NewTicker(spread / time.Duration(total))
+	every := total // the same line comes every so many lines
+	if *fleetSame > 0 {
+		every = total / *fleetSame
+	}
+	tick := time.NewTicker(spread / time.Duration(max(total, 1)))
 	defer tick.Stop()
 	for i := range total {
 		<-tick.C
+		same := i%every == 0 && i/every < *fleetSame
 		for _, p := range rs {
-			if i%(total / *fleetSame) == 0 && i/(total / *fleetSame) < *fleetSame {
-				p.listener.Error("plugin/errors: ", same)
+			if same {
+				p.listener.Error("plugin/errors: ", sameLine)
 			} else {
 				p.listener.Errorf("plugin/errors: ", "2 q%d.example.org. A: read udp 10.244.0.5:41234->10.96.0.1:53: i/o timeout", i)
 			}
