@@ -45,7 +45,7 @@ NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 with_tools = tools_env=$$(hack/tools.sh env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build build-check image push release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-against fuzz mutate mutate-contract clean
+.PHONY: all build build-check image push release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-fleet bench-against fuzz mutate mutate-contract clean
 
 all: build
 
@@ -161,6 +161,24 @@ bench:
 	$(GO) build -o bin/k8s-event-bench ./test/bench
 	hack/tools.sh dnsperf
 	$(with_tools) bin/k8s-event-bench -coredns bin/coredns-e2e -micro bin/bench-micro.txt -out bin/bench-report.md
+
+# bench-fleet runs FLEET_REPLICAS production pipelines of k8s_event in one
+# process, each with its own pod object, client and connection, writing as
+# the ServiceAccount kube-system/coredns to a real kube-apiserver and etcd
+# (APF on): an upstream failure shared by all, and an API outage, each with
+# and without the priority level of deploy/k8s_event/flowcontrol, beside a
+# bystander in kube-system. FLEET_OPTIONS are k8s_event options, one set
+# per variant, '|' between sets and ';' between lines: FLEET_OPTIONS='|fleet
+# 10 50' compares the defaults with `fleet 10 50`. The report is
+# bin/bench-fleet.md. Not part of `make test`: it takes several minutes.
+FLEET_REPLICAS ?= 1000
+FLEET_OPTIONS ?=
+FLEET_ARGS ?=
+bench-fleet:
+	mkdir -p bin
+	tools_env=$$(hack/tools.sh env); set -a; eval "$$tools_env"; set +a; \
+		nice -n 10 $(GO) test -tags fleetbench -run '^$$' -bench '^BenchmarkFleet$$' -benchtime 1x -timeout 3h . \
+		-args -fleet.replicas '$(FLEET_REPLICAS)' -fleet.options '$(FLEET_OPTIONS)' -fleet.out bin/bench-fleet.md $(FLEET_ARGS)
 
 # bench-against compares the listener micro-benchmarks with those of BASE
 # (a commit), both built once and run in turns: `make bench-against
