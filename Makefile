@@ -45,7 +45,7 @@ NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 with_tools = tools_env=$$(hack/tools.sh env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build build-check image push release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-fleet bench-against fuzz mutate mutate-contract clean
+.PHONY: all build build-check image plugin push release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-fleet bench-against fuzz mutate mutate-contract clean
 
 all: build
 
@@ -78,10 +78,21 @@ OVERWRITE ?=
 push:
 	$(GO) run -C hack/registry . push -archive $(abspath $(IMAGE_ARCHIVE)) $(if $(OVERWRITE),-overwrite) '$(IMAGE)'
 
+# plugin writes the kubectl plugin (krew's coredns-k8s-event) for
+# PLUGIN_PLATFORMS into PLUGIN_DIR: one archive each, with the LICENSE,
+# and their krew manifest (docs/release.md).
+PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+PLUGIN_DIR ?= bin/plugin
+plugin:
+	rm -rf $(PLUGIN_DIR)
+	$(GO) run ./hack/krew -version $(VERSION) -out $(PLUGIN_DIR) $(foreach p,$(PLUGIN_PLATFORMS),-platform $(p))
+
 # release writes dist/: the static binaries of PLATFORMS, their image
-# archive named by its tag, the image's reference, and SHA-256 sums.
-release: image
+# archive named by its tag, the image's reference, the kubectl plugin's
+# archives and krew manifest, and SHA-256 sums.
+release: image plugin
 	rm -rf dist && mkdir -p dist
+	cp $(PLUGIN_DIR)/* dist/
 	for p in $(PLATFORMS); do \
 		cp bin/$${p%/*}-$${p#*/}/coredns dist/coredns-k8s_event-$(VERSION)-$${p%/*}-$${p#*/}; \
 	done
