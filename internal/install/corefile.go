@@ -88,6 +88,23 @@ func hasPluginsWith(text string, m *mountedFiles) bool {
 	return slices.ContainsFunc(blocks, func(b caddyfile.ServerBlock) bool { return len(b.Tokens["k8s_event"]) > 0 })
 }
 
+// externalPlugins are the plugins of k8s_event's build (kubeapi,
+// k8s_event) that a server block of the Corefile has, itself or through
+// a snippet it imports: a stock CoreDNS image stops on either.
+func externalPlugins(text string, m *mountedFiles) []string {
+	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text, m)), nil)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, name := range []string{"kubeapi", "k8s_event"} {
+		if slices.ContainsFunc(blocks, func(b caddyfile.ServerBlock) bool { return len(b.Tokens[name]) > 0 }) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // targets are the server blocks that get the plugins: those with the
 // kubernetes plugin, or the first.
 func (c *corefileText) targets() []*serverBlock {

@@ -33,6 +33,9 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 	if o.Deployment != "" {
 		d, err := c.AppsV1().Deployments(ns).Get(ctx, o.Deployment, metav1.GetOptions{})
 		if err != nil {
+			if ds := daemonSets(ctx, c, ns, o.Deployment); len(ds) > 0 {
+				return nil, daemonSetError(ns, ds)
+			}
 			return nil, fmt.Errorf("--deployment %q in namespace %q: %w", o.Deployment, ns, err)
 		}
 		return d, nil
@@ -49,6 +52,9 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 	}
 	switch len(found) {
 	case 0:
+		if ds := daemonSets(ctx, c, ns, ""); len(ds) > 0 {
+			return nil, daemonSetError(ns, ds)
+		}
 		return nil, fmt.Errorf("no Deployment labelled %s in namespace %q: name it with --deployment (and --namespace)", strings.Join(selectors(), " or "), ns)
 	case 1:
 		for _, d := range found {
@@ -61,6 +67,37 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 	}
 	sort.Strings(names)
 	return nil, fmt.Errorf("namespace %q has %d CoreDNS Deployments (%s): name one with --deployment", ns, len(names), strings.Join(names, ", "))
+}
+
+// daemonSets are the DaemonSets of ns named name, or, when name is
+// empty, labelled as CoreDNS is: CoreDNS may run as one.
+func daemonSets(ctx context.Context, c kubernetes.Interface, ns, name string) []string {
+	if name != "" {
+		if _, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return nil
+		}
+		return []string{name}
+	}
+	var out []string
+	for _, sel := range selectors() {
+		list, err := c.AppsV1().DaemonSets(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			continue
+		}
+		for _, d := range list.Items {
+			if !slices.Contains(out, d.Name) {
+				out = append(out, d.Name)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// daemonSetError says that CoreDNS runs as the DaemonSets names of ns,
+// which install does not change, and the way that works.
+func daemonSetError(ns string, names []string) error {
+	return fmt.Errorf("namespace %q runs CoreDNS as DaemonSet %s, and install changes a Deployment only (--deployment names no DaemonSet): copy the kustomize component deploy/k8s_event/component, set kind: DaemonSet and the names in its patch, and apply it with your manifests (docs/install.md, With kustomize)", ns, strings.Join(names, ", "))
 }
 
 // inspect finds the container, the config volume and the Corefile's key.

@@ -143,7 +143,13 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 		return err
 	}
 	if p.patch == nil && !p.finish {
-		// Nothing rolls: prune what the dry run said it would.
+		// Nothing rolls: finish what a run cut off after its rollout left,
+		// and prune what the dry run said it would.
+		if p.release {
+			if err := releaseFields(ctx, c, p.d.Namespace, p.d.Name); err != nil {
+				return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", p.d.Namespace, p.d.Name, err)
+			}
+		}
 		return r.prune(ctx, c, p.d.Namespace, p.d.Name, p.gen.Name)
 	}
 	ns, name := p.d.Namespace, p.d.Name

@@ -23,10 +23,15 @@ import (
 )
 
 // GeneratedName is the name of the ConfigMap with data and binary made
-// from the ConfigMap source: source's name, then a hash of what the
-// config volume vol mounts of it, so that a change to a key the pods do
-// not read does not roll them.
-func GeneratedName(source string, vol corev1.Volume, data map[string]string, binary map[string][]byte) string {
+// from the ConfigMap source for the workload of that name: source's name,
+// the workload's when it is not source's (two workloads that read one
+// ConfigMap get a copy each, as each prunes its own), then a hash of what
+// the config volume vol mounts of it, so that a change to a key the pods
+// do not read does not roll them.
+func GeneratedName(source, workload string, vol corev1.Volume, data map[string]string, binary map[string][]byte) string {
+	if workload != source {
+		source += "-" + workload
+	}
 	return source + "-k8s-event-" + mountedHash(vol, data, binary)[:10]
 }
 
@@ -79,7 +84,10 @@ type installPlan struct {
 	// waited for, and the operator's strategy put back.
 	before *appsv1.Deployment
 	finish bool
-	prunes []string
+	// release, that nothing rolls but a run cut off after its rollout
+	// left the fields it set owned by the install: they are given up.
+	release bool
+	prunes  []string
 }
 
 // planInstall works out what the install changes, and refuses what it
@@ -226,7 +234,7 @@ func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap) (*c
 	return &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      GeneratedName(src.Name, orig.Volume, data, binary),
+			Name:      GeneratedName(src.Name, d.Name, orig.Volume, data, binary),
 			Namespace: ns,
 			Labels:    map[string]string{DeploymentLabel: d.Name, managedByLabel: FieldManager},
 			OwnerReferences: []metav1.OwnerReference{{
@@ -326,6 +334,7 @@ func (r *run) planStrategy(p *installPlan, want *appsv1.Deployment) []string {
 	}
 	if equality.Semantic.DeepEqual(d.Spec.Template, want.Spec.Template) {
 		r.res.Rollout = "none: the Deployment has k8s_event already"
+		p.release = fieldsHeld(d)
 		if p.before != d {
 			p.finish, p.strategy = true, d.Spec.Strategy.DeepCopy()
 			r.res.Rollout = "none to start: " + interruptedRollout(d)

@@ -55,7 +55,10 @@ func (t *target) current() original {
 	c := spec.Containers[t.container]
 	o := original{Image: c.Image, Volume: *spec.Volumes[t.volume].DeepCopy()}
 	r := t.rec
-	if r != nil && c.Image == r.Image {
+	if r != nil && (c.Image == r.Image || repository(c.Image) == repository(r.Image)) {
+		// The install's image, or another build of it set by hand
+		// (kubectl set image to a newer k8s_event): what it replaced is
+		// still the original.
 		o.Image = r.Original.Image
 	}
 	if r != nil && o.Volume.ConfigMap.Name == r.ConfigMap {
@@ -85,6 +88,15 @@ func (t *target) current() original {
 		}
 	}
 	return o
+}
+
+// repository is ref without its tag and digest.
+func repository(ref string) string {
+	ref, _, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		ref = ref[:i]
+	}
+	return ref
 }
 
 // notOurs is env without the variables k8s_event sets.
