@@ -1,10 +1,12 @@
 // Command kubectl-k8s_event adds k8s_event to the CoreDNS a cluster runs,
-// and takes it out again. On the PATH, kubectl runs it as
-// `kubectl k8s-event`:
+// and takes it out again. Installed as kubectl-coredns_k8s_event (krew's
+// plugin coredns-k8s-event, or `make plugin`), kubectl runs it as
+// `kubectl coredns-k8s-event` (see docs/release.md for the name):
 //
-//	kubectl k8s-event install --image IMAGE [--dry-run]
-//	kubectl k8s-event uninstall [--dry-run]
-//	kubectl k8s-event status
+//	kubectl coredns-k8s-event install --image IMAGE [--dry-run]
+//	kubectl coredns-k8s-event uninstall [--dry-run]
+//	kubectl coredns-k8s-event status
+//	kubectl coredns-k8s-event version
 //
 // It changes only what k8s_event needs (see internal/install) and waits
 // until the Deployment has rolled out.
@@ -28,7 +30,7 @@ import (
 	"github.com/dnsops/k8s_event/internal/install"
 )
 
-const usage = `Usage: kubectl k8s-event install|uninstall|status [flags]
+const usage = `Usage: kubectl coredns-k8s-event install|uninstall|status|version [flags]
 
   install     run the CoreDNS Deployment with k8s_event: its image, the
               downward-API variables, its Corefile with kubeapi and k8s_event
@@ -38,6 +40,7 @@ const usage = `Usage: kubectl k8s-event install|uninstall|status [flags]
               remove the Role and RoleBinding
   status      say whether k8s_event is installed, and what keeps it from
               working
+  version     print the version of this program
 
 Run install again after editing your Corefile's ConfigMap: the pods roll to
 the new one.
@@ -102,13 +105,13 @@ func exitCode(err error, stderr io.Writer) int {
 		code = exitUsage
 	}
 	if msg := err.Error(); msg != "" {
-		fmt.Fprintln(stderr, "kubectl k8s-event:", msg)
+		fmt.Fprintln(stderr, name+":", msg)
 	}
 	return code
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kubectl k8s-event", flag.ContinueOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
@@ -136,9 +139,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&output, "output", "", "output format: json (default: text)")
 
 	usageErr := func(err error) error { return &exitError{exitUsage, err} }
+	if len(args) > 0 && args[0] == "version" {
+		return printVersion(args[1:], stdout, usageErr)
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fs.Usage()
-		return usageErr(errors.New("name a command: install, uninstall or status"))
+		return usageErr(errors.New("name a command: install, uninstall, status or version"))
 	}
 	cmd := args[0]
 	if err := fs.Parse(args[1:]); err != nil {
@@ -173,7 +179,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	default:
 		fs.Usage()
-		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall or status", cmd))
+		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall, status or version", cmd))
 	}
 	return dispatch(ctx, cmd, kubeconfig, kubecontext, o)
 }

@@ -86,3 +86,19 @@ func TestWorkloadFlag(t *testing.T) {
 		t.Errorf("--workload without a kind: exit %d, want %d", code, exitUsage)
 	}
 }
+
+// version prints the program's name as kubectl runs it and its version,
+// and takes no argument.
+func TestVersion(t *testing.T) {
+	var out, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"version"}, &out, &stderr); err != nil {
+		t.Fatalf("version: %v", err)
+	}
+	if got, want := out.String(), "kubectl coredns-k8s-event devel\n"; got != want {
+		t.Errorf("version printed %q, want %q (a test binary has no version linked in)", got, want)
+	}
+	err := run(context.Background(), []string{"version", "extra"}, &out, &stderr)
+	if code := exitCode(err, &stderr); code != exitUsage {
+		t.Errorf("version extra: exit %d (%v), want %d", code, err, exitUsage)
+	}
+}
