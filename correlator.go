@@ -261,7 +261,9 @@ func (c *correlator) promoterOf(w *window) *promoter {
 		p = newPromoter()
 		c.promoters = append(c.promoters, p)
 	} else {
-		p = slices.MinFunc(c.promoters, func(a, b *promoter) int { return cmp.Compare(a.used, b.used) })
+		p = slices.MinFunc(c.promoters, func(a, b *promoter) int {
+			return cmp.Compare(a.used, b.used)
+		})
 		p.owner.promoter = nil
 		p.reset()
 	}
