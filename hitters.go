@@ -35,6 +35,29 @@ type hitter struct {
 	n, at      uint8 // the member's length, and its place in held
 	count, err int64 // count is an upper bound, count-err a lower bound
 	from       int64 // count when the current storm began
+	// recent is its lines of the half quiet before half and of half, as counted since it took its
+	// slot: a lower bound of its lines within the last quiet.
+	recent [2]int32
+	half   int64
+}
+
+// tick counts a line at el (the correlator's elapsed time) in its halves of quiet, and returns its
+// lines within the last quiet, at least those of the last half quiet.
+func (s *hitter) tick(el, quiet time.Duration) int64 {
+	if quiet < 2 {
+		return 0
+	}
+	k := int64(el / (quiet / 2))
+	switch k {
+	case s.half:
+	case s.half + 1:
+		s.recent = [2]int32{s.recent[1], 0}
+	default: // later, or a quiet of another length
+		s.recent = [2]int32{}
+	}
+	s.half = k
+	s.recent[1]++
+	return int64(s.recent[0]) + int64(s.recent[1])
 }
 
 // low is a lower bound on the member's lines, or on those of the current storm only.
@@ -55,11 +78,12 @@ type hitters struct {
 	shapes []uint64 // of the lines of other shapes: those of the current storm, up to maxCountedShapes
 }
 
-// add counts a line of member and tells whether member is now among the top (see top).
-func (h *hitters) add(member string) bool {
+// add counts a line of member at el, the correlator's elapsed time, and tells whether member is
+// now among the top (see top), with its lines within the last quiet.
+func (h *hitters) add(member string, el, quiet time.Duration) (bool, int64) {
 	h.lines++
 	if member == "" {
-		return false
+		return false, 0
 	}
 	member = cutMember(member)
 	x := maphash.String(shapeSeed, member)
@@ -82,7 +106,7 @@ func (h *hitters) add(member string) bool {
 		h.slots[i] = hitter{n: uint8(copy(h.held[i][:], member)), at: uint8(i), count: c, err: c}
 	}
 	h.slots[i].count++
-	return h.isTop(h.slots[i], false)
+	return h.isTop(h.slots[i], false), h.slots[i].tick(el, quiet)
 }
 
 // least is a slot of the least count. Counts only grow, each line by one: the least count found
