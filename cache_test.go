@@ -152,6 +152,9 @@ func benchCacheBytes(b *testing.B, n int) {
 		for j := range hitterSlots {
 			e.hitters.add(cutMember(fmt.Sprintf("%0*d", maxMemberLen, i*hitterSlots+j)), 0, 0)
 		}
+		for j := range maxCountedShapes { // the other shapes' event counts theirs
+			e.hitters.shapes = append(e.hitters.shapes, uint64(j+1))
+		}
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&m2)
@@ -162,13 +165,25 @@ func benchCacheBytes(b *testing.B, n int) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&m3)
+	var m4 runtime.MemStats
+	for i := range maxPromoters { // every promoter full, of members at the length cap
+		w := &window{}
+		p := s.corr.promoterOf(w)
+		for j := range promoterSlots {
+			p.add(fmt.Sprintf("%0*d", maxMemberLen, i*promoterSlots+j), budgetWindow)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m4)
+	promoters := float64(int64(m4.HeapAlloc) - int64(m3.HeapAlloc))
 	perEvent := float64(m1.HeapAlloc-m0.HeapAlloc) / float64(n)
 	perMembers := float64(int64(m2.HeapAlloc)-int64(m1.HeapAlloc)) / float64(n)
 	perEnd := float64(int64(m3.HeapAlloc)-int64(m2.HeapAlloc)+int64(m2.HeapAlloc-m1.HeapAlloc)) / float64(n)
 	b.ReportMetric(perEvent, "B/event")
 	b.ReportMetric(perMembers, "B/members")
 	b.ReportMetric(perEnd, "B/end")
-	b.ReportMetric(float64(n)*(2*(perEvent+perMembers)+perEnd)/(1<<20), "MiB/bound")
+	b.ReportMetric(promoters/(1<<10), "KiB/promoters")
+	b.ReportMetric((float64(n)*(2*(perEvent+perMembers)+perEnd)+promoters)/(1<<20), "MiB/bound")
 	runtime.KeepAlive(s)
 	runtime.KeepAlive(ends)
 	runtime.KeepAlive(lines) // their texts are no part of the cache
