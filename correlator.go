@@ -92,6 +92,7 @@ type window struct {
 	made     ring[[budget]time.Duration]
 	promoted ring[[maxPromoted]time.Duration]
 	promoter *promoter // of its members, once it has lines past its events of their own
+	ends     endBudget // the ends of its storms
 }
 
 // ring is the times of the latest events of a budget.
@@ -176,7 +177,7 @@ func (c *correlator) observe(ln line) *entry {
 	}
 	if c.paced > 0 && (key.level == levelWarning || key.level == levelError) {
 		if e.flow == nil {
-			e.flow = &flow{}
+			e.flow = &flow{ends: &c.window(windowKey{key.level, key.plugin}, el).ends}
 		}
 		// A top member holds its storm open only with more lines of its own than the threshold.
 		e.flow.add(ln.at, el, c.paced, top && recent > e.flow.threshold())

@@ -57,7 +57,34 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 			at = slices.MinFunc([]time.Time{at, calm}, time.Time.Compare)
 		}
 	}
+	if p := e.flow; p != nil && p.ends != nil {
+		at = p.ends.roomAt(at)
+	}
 	return at.Add(handOffGrace), true
+}
+
+// maxEnds is the ends of one plugin and level's storms in any budgetWindow, beside its budget of
+// events: a client whose storms rise and fall cannot flood ends, nor hold back another plugin's.
+const maxEnds = 10
+
+// endBudget is the times of the latest ends of a plugin and level, on the scheduler's clock.
+type endBudget struct {
+	made [maxEnds]time.Time
+	next int
+}
+
+// roomAt is the first time from at when an end is within the budget.
+func (b *endBudget) roomAt(at time.Time) time.Time {
+	oldest := b.made[b.next]
+	if oldest.IsZero() || !at.Before(oldest.Add(budgetWindow)) {
+		return at
+	}
+	return oldest.Add(budgetWindow)
+}
+
+func (b *endBudget) spend(at time.Time) {
+	b.made[b.next] = at
+	b.next = (b.next + 1) % maxEnds
 }
 
 // endOf makes the end of e's storm, decided at now.
@@ -69,6 +96,9 @@ func endOf(e *entry, now time.Time) *entry {
 		e.hitters.newStorm()
 	}
 	from := e.first
+	if e.flow != nil && e.flow.ends != nil {
+		e.flow.ends.spend(now)
+	}
 	if e.flow != nil && !e.flow.from.IsZero() {
 		from = e.flow.from
 		e.flow.rest, e.flow.armed, e.flow.from = true, false, time.Time{}
@@ -90,11 +120,12 @@ const flowSlots = 8
 type flow struct {
 	width   int64 // of a slot, in nanoseconds
 	slots   [flowSlots]int64
-	at      int64 // the slot of the latest line
-	latest  int64 // the latest line, in elapsed nanoseconds
-	peak    int64 // the most lines a quiet held
-	armed   bool  // above its threshold since its latest end
-	rest    bool  // ended, and not above its threshold since
+	at      int64      // the slot of the latest line
+	latest  int64      // the latest line, in elapsed nanoseconds
+	ends    *endBudget // of its plugin and level
+	peak    int64      // the most lines a quiet held
+	armed   bool       // above its threshold since its latest end
+	rest    bool       // ended, and not above its threshold since
 	from    time.Time
 	topLast time.Time // the latest line of a top member
 }
@@ -105,7 +136,8 @@ func (p *flow) add(at time.Time, el, quiet time.Duration, top bool) {
 	w := int64(quiet / flowSlots)
 	n := int64(el) / max(w, 1)
 	if p.width != w { // new, or quiet changed: counted afresh
-		*p = flow{width: w, at: n, armed: p.armed, rest: p.rest, from: p.from, topLast: p.topLast}
+		*p = flow{width: w, at: n, armed: p.armed, rest: p.rest, from: p.from, topLast: p.topLast,
+			ends: p.ends}
 	}
 	p.latest = max(p.latest, int64(el))
 	if n > p.at {

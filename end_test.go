@@ -1021,3 +1021,26 @@ func TestStormFlowIsOnTheMonotonicClock(t *testing.T) {
 		}
 	}
 }
+
+// TestEndsHaveABudgetOfTheirOwn: a plugin and level whose storms rise and fall makes at most
+// maxEnds ends in any hour, beside its budget of events; the ends past them wait for room and
+// are said after the hour, not dropped.
+func TestEndsHaveABudgetOfTheirOwn(t *testing.T) {
+	h, api, _ := newTestHarness(t, withQuiet(1000, 1000, time.Minute))
+	for i := range 2 * maxEnds {
+		repeatLine(h, levelError, "errors", "upstream "+word(i)+" unhealthy", stormLines)
+	}
+	h.advance(time.Second)
+	for range 30 {
+		h.advance(time.Minute)
+	}
+	if n := len(endsIn(api)); n != maxEnds {
+		t.Errorf("%d ends of one plugin and level within half an hour, want %d", n, maxEnds)
+	}
+	for range 40 {
+		h.advance(time.Minute)
+	}
+	if n := len(endsIn(api)); n != 2*maxEnds {
+		t.Errorf("%d ends after the hour, want all %d", n, 2*maxEnds)
+	}
+}
