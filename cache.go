@@ -4,38 +4,75 @@ import (
 	"cmp"
 	"container/heap"
 	"container/list"
+	"hash/maphash"
 	"maps"
 	"slices"
+	"strings"
 )
 
 // The cache of entries, of at most CACHESIZE. When it is full, the entry that leaves is the one
 // whose loss costs the least information: a fully written event that is no storm, least recently
 // seen first; then a storm waiting for its end, least recently seen first; then, among the
-// entries with lines to write, one of the plugin and level with the most of them, least recently
-// seen first. So noise that fills the cache evicts its own lines, never another plugin's first
-// line. A choice costs O(1), and O(log n) in the plugins and levels with lines to write when a
-// line's entry changes group. The scheduler's evicted accounts for the lines of what leaves.
+// entries with lines to write, one of the plugin and level with the most of them, within it of
+// the shape with the most, within that of the member with the most, least recently seen first.
+// So noise that fills the cache evicts its own lines, never another plugin's first line, and
+// within a plugin a client's names of one shape evict their own, never a host's line of another
+// shape or member. A choice costs O(1), and O(log n) in the groups when a line's entry changes
+// group. The scheduler's evicted accounts for the lines of what leaves.
 
 // links are an entry's place in one queue of the cache: a list, least recently placed first.
 type links struct {
-	elem *list.Element
-	in   *list.List
+	elem  *list.Element
+	in    *list.List
+	group *group // of in, when in is a member's group
 }
 
-// group is the queue of the entries of one plugin and level with lines to write.
+// pendingKey is a group of entries with lines to write: a plugin and level (depth 1), a shape of
+// it (depth 2), or a member of that shape (depth 3).
+type pendingKey struct {
+	windowKey
+	depth  uint8
+	shape  uint64
+	member string
+}
+
+// group is the entries with lines to write of a pendingKey: its list holds them at depth 3; above,
+// its kids are the groups beneath it, the one with the most entries first.
 type group struct {
 	list.List
-	key windowKey
-	at  int // its index in the heap
+	key    pendingKey
+	n      int    // entries beneath it
+	seen   uint64 // when an entry beneath it was placed or seen last
+	at     int    // its index in its parent's kids, or in the cache's most
+	parent *group
+	kids   groups
 }
 
 // groups is a heap of groups, the one with the most entries first.
 type groups []*group
 
 func (h groups) Len() int           { return len(h) }
-func (h groups) Less(i, j int) bool { return h[i].Len() > h[j].Len() }
-func (h groups) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].at, h[j].at = i, j }
-func (h *groups) Push(x any)        { g := x.(*group); g.at = len(*h); *h = append(*h, g) }
+func (h groups) Less(i, j int) bool { return h[i].n > h[j].n }
+
+// first is, of the groups with the most entries, the one seen least recently: it looks only at
+// those, which the heap keeps at its top.
+func (h groups) first() *group {
+	best, stack := h[0], []int{0}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if i >= len(h) || h[i].n != h[0].n {
+			continue
+		}
+		if h[i].seen < best.seen {
+			best = h[i]
+		}
+		stack = append(stack, 2*i+1, 2*i+2)
+	}
+	return best
+}
+func (h groups) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].at, h[j].at = i, j }
+func (h *groups) Push(x any)   { g := x.(*group); g.at = len(*h); *h = append(*h, g) }
 func (h *groups) Pop() any {
 	g := (*h)[len(*h)-1]
 	*h = (*h)[:len(*h)-1]
@@ -48,12 +85,15 @@ type cache struct {
 	evicted         func(*entry)
 	members         int // entries of one member's lines
 	written, storms list.List
-	pending         map[windowKey]*group
-	most            groups
+	pending         map[pendingKey]*group
+	most            groups // the plugins and levels
+	clock           uint64 // of the groups' seen
+	shaped          []byte // room for the shape of an event of its own line
 }
 
 func newCache(size int, evicted func(*entry)) *cache {
-	return &cache{entries: map[eventKey]*entry{}, size: size, evicted: evicted, pending: map[windowKey]*group{}}
+	return &cache{entries: map[eventKey]*entry{}, size: size, evicted: evicted,
+		pending: map[pendingKey]*group{}}
 }
 
 func (c *cache) get(key eventKey) (*entry, bool) {
@@ -77,38 +117,74 @@ func (c *cache) place(e *entry, seen bool) {
 	if e.in == nil && c.entries[e.key] != e {
 		return // evicted, or an end
 	}
-	if c.queueOf(e) == e.in {
+	pending := c.isPending(e)
+	if pending && e.group != nil || !pending && c.queueOf(e) == e.in {
 		if seen {
-			e.in.MoveToBack(e.elem) // its group keeps its size: the heap stays
+			e.in.MoveToBack(e.elem) // its groups keep their sizes: the heaps stay
+			c.clock++
+			for g := e.group; g != nil; g = g.parent {
+				g.seen = c.clock
+			}
 		}
 		return
 	}
-	c.unlink(e) // first: a group left empty leaves the heap
-	q := c.queueOf(e)
-	e.elem, e.in = q.PushBack(e), q
-	if g, ok := c.pending[groupKey(e)]; ok && q == &g.List {
-		if g.Len() == 1 {
-			heap.Push(&c.most, g)
+	c.unlink(e)
+	if !pending {
+		q := c.queueOf(e)
+		e.elem, e.in = q.PushBack(e), q
+		return
+	}
+	g := c.leaf(e)
+	e.elem, e.in, e.group = g.PushBack(e), &g.List, g
+	c.clock++
+	for ; g != nil; g = g.parent {
+		g.n++
+		g.seen = c.clock
+		h := &c.most
+		if g.parent != nil {
+			h = &g.parent.kids
+		}
+		if g.n == 1 {
+			heap.Push(h, g)
 		} else {
-			heap.Fix(&c.most, g.at)
+			heap.Fix(h, g.at)
 		}
 	}
 }
 
-func groupKey(e *entry) windowKey { return windowKey{e.key.level, e.key.plugin} }
+// leaf is the group of e's member within its shape, made with those above it if need be.
+func (c *cache) leaf(e *entry) *group {
+	wk := windowKey{e.key.level, e.key.plugin}
+	shape, member := e.key.shape, e.key.member
+	if !e.key.combined() { // an event of its own line: the shape and member of the line
+		var f found
+		c.shaped = appendShape(c.shaped[:0], strings.TrimPrefix(e.key.message, e.key.plugin), &f)
+		shape, member = maphash.Bytes(shapeSeed, c.shaped), f.member()
+	}
+	var parent *group
+	for _, k := range [...]pendingKey{{wk, 1, 0, ""}, {wk, 2, shape, ""}, {wk, 3, shape, member}} {
+		g, ok := c.pending[k]
+		if !ok {
+			g = &group{key: k, parent: parent}
+			c.pending[k] = g
+		}
+		parent = g
+	}
+	return parent
+}
+
+// isPending: e has lines to write, or a write in flight.
+func (c *cache) isPending(e *entry) bool {
+	return e.inflight != 0 || e.pending() > 0 && e.dropped == 0
+}
 
 func (c *cache) queueOf(e *entry) *list.List {
 	switch {
-	case e.inflight != 0 || e.pending() > 0 && e.dropped == 0:
-		if e.in != nil && e.in != &c.written && e.in != &c.storms {
-			return e.in // its group: an entry's plugin and level never change
+	case c.isPending(e):
+		if e.group != nil {
+			return e.in
 		}
-		g, ok := c.pending[groupKey(e)]
-		if !ok {
-			g = &group{key: groupKey(e)}
-			c.pending[g.key] = g
-		}
-		return &g.List
+		return nil
 	case e.stormWritten && isStorm(e.key, e.seen-e.storm):
 		return &c.storms
 	}
@@ -121,13 +197,19 @@ func (c *cache) unlink(e *entry) {
 		return
 	}
 	q.Remove(e.elem)
-	e.elem, e.in = nil, nil
-	if g, ok := c.pending[groupKey(e)]; ok && q == &g.List {
-		if g.Len() == 0 {
-			heap.Remove(&c.most, g.at)
+	g := e.group
+	e.elem, e.in, e.group = nil, nil, nil
+	for ; g != nil; g = g.parent {
+		g.n--
+		h := &c.most
+		if g.parent != nil {
+			h = &g.parent.kids
+		}
+		if g.n == 0 {
+			heap.Remove(h, g.at)
 			delete(c.pending, g.key)
 		} else {
-			heap.Fix(&c.most, g.at)
+			heap.Fix(h, g.at)
 		}
 	}
 }
@@ -137,13 +219,18 @@ func (c *cache) evictOne() bool {
 	for {
 		front := cmp.Or(c.written.Front(), c.storms.Front())
 		if front == nil && len(c.most) > 0 {
-			front = c.most[0].Front()
+			g := c.most.first()
+			for len(g.kids) > 0 {
+				g = g.kids.first()
+			}
+			front = g.Front()
 		}
 		if front == nil {
 			return false
 		}
 		e := front.Value.(*entry)
-		if c.queueOf(e) != e.in { // its state changed since it was placed
+		if c.isPending(e) != (e.group != nil) || !c.isPending(e) && c.queueOf(e) != e.in {
+			// its state changed since it was placed
 			c.place(e, false)
 			continue
 		}

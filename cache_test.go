@@ -62,7 +62,7 @@ func TestEvictionSeesWritesLanded(t *testing.T) {
 	a.carried = 1 // written; the cache is not told
 	b.carried = 1
 	c.place(b, false) // told
-	if g := c.most[0]; g.key.plugin != "plugin/noise: " || g.Len() != 2 || len(c.most) != 2 {
+	if g := c.most[0]; g.key.plugin != "plugin/noise: " || g.n != 2 || len(c.most) != 2 {
 		t.Errorf("the plugin with the most pending is %v with %d, want noise with 2", g.key, g.Len())
 	}
 	c.add(cachedEntry("other", "x", 1, false))
@@ -71,7 +71,7 @@ func TestEvictionSeesWritesLanded(t *testing.T) {
 		t.Errorf("evicted %q, want the written b, then a", gone)
 	}
 	c.resize(1)
-	if len(c.entries) != 1 || len(c.most) != 1 || c.most[0].Len() != 1 {
+	if len(c.entries) != 1 || len(c.most) != 1 || c.most[0].n != 1 {
 		t.Errorf("after a resize to 1: %d cached, %d groups", len(c.entries), len(c.most))
 	}
 }
@@ -150,7 +150,10 @@ func benchCacheBytes(b *testing.B, n int) {
 	for i, e := range entries {
 		e.hitters = &hitters{}
 		for j := range hitterSlots {
-			e.hitters.add(cutMember(fmt.Sprintf("%0*d", maxMemberLen, i*hitterSlots+j)))
+			e.hitters.add(cutMember(fmt.Sprintf("%0*d", maxMemberLen, i*hitterSlots+j)), 0, 0)
+		}
+		for j := range maxCountedShapes { // the other shapes' event counts theirs
+			e.hitters.shapes = append(e.hitters.shapes, uint64(j+1))
 		}
 	}
 	runtime.GC()
@@ -162,13 +165,25 @@ func benchCacheBytes(b *testing.B, n int) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&m3)
+	var m4 runtime.MemStats
+	for i := range maxPromoters { // every promoter full, of members at the length cap
+		w := &window{}
+		p := s.corr.promoterOf(w)
+		for j := range promoterSlots {
+			p.add(fmt.Sprintf("%0*d", maxMemberLen, i*promoterSlots+j), budgetWindow)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m4)
+	promoters := float64(int64(m4.HeapAlloc) - int64(m3.HeapAlloc))
 	perEvent := float64(m1.HeapAlloc-m0.HeapAlloc) / float64(n)
 	perMembers := float64(int64(m2.HeapAlloc)-int64(m1.HeapAlloc)) / float64(n)
 	perEnd := float64(int64(m3.HeapAlloc)-int64(m2.HeapAlloc)+int64(m2.HeapAlloc-m1.HeapAlloc)) / float64(n)
 	b.ReportMetric(perEvent, "B/event")
 	b.ReportMetric(perMembers, "B/members")
 	b.ReportMetric(perEnd, "B/end")
-	b.ReportMetric(float64(n)*(2*(perEvent+perMembers)+perEnd)/(1<<20), "MiB/bound")
+	b.ReportMetric(promoters/(1<<10), "KiB/promoters")
+	b.ReportMetric((float64(n)*(2*(perEvent+perMembers)+perEnd)+promoters)/(1<<20), "MiB/bound")
 	runtime.KeepAlive(s)
 	runtime.KeepAlive(ends)
 	runtime.KeepAlive(lines) // their texts are no part of the cache
@@ -216,5 +231,30 @@ func TestWrittenStormWithNewLinesIsEvictedAsPending(t *testing.T) {
 	}
 	if len(gone) != 1 || gone[0] != loud[0] {
 		t.Errorf("evicted %v, want the oldest of the plugin with the most pending", gone)
+	}
+}
+
+// TestNoiseEvictsItsOwnLinesWithinAPlugin: when a client's lines and a host's share a plugin and
+// level, a full cache evicts from the shape with the most lines to write, then from the member
+// with the most: the host's line of another shape stays, and so does its line of the client's
+// shape, though both are the oldest of their plugin.
+func TestNoiseEvictsItsOwnLinesWithinAPlugin(t *testing.T) {
+	var gone []string
+	c := newCache(4, func(e *entry) { gone = append(gone, e.key.message) })
+	refused := "2 db.corp.example. A: read udp 10.0.0.5:40000->10.0.0.2:53: read: connection refused"
+	timeout := "2 db.corp.example. A: read udp 10.0.0.5:40001->10.0.0.2:53: i/o timeout"
+	c.add(cachedEntry("errors", refused, 1, false))
+	c.add(cachedEntry("errors", timeout, 1, false))
+	for i := range 100 {
+		c.add(cachedEntry("errors", fmt.Sprintf(
+			"2 c.client.example. A: read udp 10.0.0.9:%d->10.0.0.2:53: i/o timeout", 30000+i), 1, false))
+	}
+	for _, msg := range []string{refused, timeout} {
+		if _, ok := c.get(eventKey{level: levelError, plugin: "plugin/errors: ", message: msg}); !ok {
+			t.Errorf("the host's line %q was evicted by a client's lines of its plugin", msg)
+		}
+	}
+	if len(gone) != 98 {
+		t.Errorf("%d evicted, want 98", len(gone))
 	}
 }

@@ -92,6 +92,7 @@ type window struct {
 	made     ring[[budget]time.Duration]
 	promoted ring[[maxPromoted]time.Duration]
 	promoter *promoter // of its members, once it has lines past its events of their own
+	ends     endBudget // the ends of its storms
 }
 
 // ring is the times of the latest events of a budget.
@@ -129,7 +130,10 @@ type correlator struct {
 	origin  time.Time // a budgetWindow before the first line: no window's zero is within one
 	seq     uint64
 	quiet   time.Duration // the scheduler's: storms' paces count lines in slots of it
-	shaped  []byte        // room for a line's shape: shapeHash's, in place
+	// paced is the quiet flows count in: the latest that was on, so that a storm's flow goes on
+	// while quiet is off, and is true once it is on again.
+	paced  time.Duration
+	shaped []byte // room for a line's shape: shapeHash's, in place
 	// promoters are those of the budgets, at most maxPromoters: the least recently used goes to
 	// another budget that needs one.
 	promoters []*promoter
@@ -141,6 +145,9 @@ func newCorrelator(size int, evicted func(*entry)) *correlator {
 }
 
 func (c *correlator) observe(ln line) *entry {
+	if c.origin.IsZero() {
+		c.origin = ln.at.Add(-budgetWindow)
+	}
 	msg := eventMessage(ln.text)
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
 	e, ok := c.cache.get(key)
@@ -152,23 +159,28 @@ func (c *correlator) observe(ln line) *entry {
 		e = &entry{key: key, first: ln.at}
 		c.cache.add(e)
 	}
-	top := false
+	if c.quiet > 0 {
+		c.paced = c.quiet
+	}
+	el := ln.at.Sub(c.origin) // on the monotonic clock
+	top, recent := false, int64(0)
 	if key.combined() {
 		if e.hitters == nil {
 			e.hitters = &hitters{}
 		}
-		top = e.hitters.add(m)
+		top, recent = e.hitters.add(m, el, c.paced)
 		if key.shape == otherShapes && len(e.hitters.shapes) < maxCountedShapes {
 			if x := shapeHash(strings.TrimPrefix(msg, ln.plugin)); !slices.Contains(e.hitters.shapes, x) {
 				e.hitters.shapes = append(e.hitters.shapes, x)
 			}
 		}
 	}
-	if c.quiet > 0 && (key.level == levelWarning || key.level == levelError) {
+	if c.paced > 0 && (key.level == levelWarning || key.level == levelError) {
 		if e.flow == nil {
-			e.flow = &flow{}
+			e.flow = &flow{ends: &c.window(windowKey{key.level, key.plugin}, el).ends}
 		}
-		e.flow.add(ln.at, c.quiet, top)
+		// A top member holds its storm open only with more lines of its own than the threshold.
+		e.flow.add(ln.at, el, c.paced, top && recent > e.flow.threshold())
 	}
 	e.see()
 	c.cache.place(e, true)
@@ -202,9 +214,6 @@ const combinedPrefix = "(combined from similar events): "
 // budgeted is the key of a line that has no entry, within the budget of its plugin and level, with
 // the entry of that key if there is one, and the line's member if it is combined.
 func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, string) {
-	if c.origin.IsZero() {
-		c.origin = ln.at.Add(-budgetWindow)
-	}
 	at := ln.at.Sub(c.origin) // on the monotonic clock
 	w := c.window(windowKey{ln.level, ln.plugin}, at)
 	spent := w.spent(at)
@@ -261,7 +270,9 @@ func (c *correlator) promoterOf(w *window) *promoter {
 		p = newPromoter()
 		c.promoters = append(c.promoters, p)
 	} else {
-		p = slices.MinFunc(c.promoters, func(a, b *promoter) int { return cmp.Compare(a.used, b.used) })
+		p = slices.MinFunc(c.promoters, func(a, b *promoter) int {
+			return cmp.Compare(a.used, b.used)
+		})
 		p.owner.promoter = nil
 		p.reset()
 	}

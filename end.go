@@ -47,17 +47,44 @@ func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	at := e.last.Add(quiet)
+	if p := e.flow; p != nil && p.rest { // whatever quiet was when it ended
+		return time.Time{}, false
+	}
 	if p := e.flow; p != nil && p.width == int64(quiet/flowSlots) {
-		if p.rest {
-			return time.Time{}, false
-		}
 		if p.armed { // on e.last's monotonic reading, as the scheduler's clock
-			calm := e.last.Add(time.Duration(p.calmAt() - e.last.UnixNano()))
+			calm := e.last.Add(time.Duration(p.calmAt() - p.latest))
 			calm = slices.MaxFunc([]time.Time{calm, p.topLast.Add(quiet)}, time.Time.Compare)
 			at = slices.MinFunc([]time.Time{at, calm}, time.Time.Compare)
 		}
 	}
+	if p := e.flow; p != nil && p.ends != nil {
+		at = p.ends.roomAt(at)
+	}
 	return at.Add(handOffGrace), true
+}
+
+// maxEnds is the ends of one plugin and level's storms in any budgetWindow, beside its budget of
+// events: a client whose storms rise and fall cannot flood ends, nor hold back another plugin's.
+const maxEnds = 10
+
+// endBudget is the times of the latest ends of a plugin and level, on the scheduler's clock.
+type endBudget struct {
+	made [maxEnds]time.Time
+	next int
+}
+
+// roomAt is the first time from at when an end is within the budget.
+func (b *endBudget) roomAt(at time.Time) time.Time {
+	oldest := b.made[b.next]
+	if oldest.IsZero() || !at.Before(oldest.Add(budgetWindow)) {
+		return at
+	}
+	return oldest.Add(budgetWindow)
+}
+
+func (b *endBudget) spend(at time.Time) {
+	b.made[b.next] = at
+	b.next = (b.next + 1) % maxEnds
 }
 
 // endOf makes the end of e's storm, decided at now.
@@ -69,6 +96,9 @@ func endOf(e *entry, now time.Time) *entry {
 		e.hitters.newStorm()
 	}
 	from := e.first
+	if e.flow != nil && e.flow.ends != nil {
+		e.flow.ends.spend(now)
+	}
 	if e.flow != nil && !e.flow.from.IsZero() {
 		from = e.flow.from
 		e.flow.rest, e.flow.armed, e.flow.from = true, false, time.Time{}
@@ -84,26 +114,32 @@ func endOf(e *entry, now time.Time) *entry {
 // flowSlots is the number of slots a quiet is counted in.
 const flowSlots = 8
 
-// flow counts an event's lines in slots of quiet/flowSlots, so that the
-// scheduler knows, within a slot, how many lines the last quiet held.
+// flow counts an event's lines in slots of quiet/flowSlots, so that the scheduler knows, within a
+// slot, how many lines the last quiet held. Slots are of the correlator's elapsed time, on the
+// monotonic clock: a step of the wall clock is no time that passed.
 type flow struct {
 	width   int64 // of a slot, in nanoseconds
 	slots   [flowSlots]int64
-	at      int64 // the slot of the latest line
-	peak    int64 // the most lines a quiet held
-	armed   bool  // above its threshold since its latest end
-	rest    bool  // ended, and not above its threshold since
+	at      int64      // the slot of the latest line
+	latest  int64      // the latest line, in elapsed nanoseconds
+	ends    *endBudget // of its plugin and level
+	peak    int64      // the most lines a quiet held
+	armed   bool       // above its threshold since its latest end
+	rest    bool       // ended, and not above its threshold since
 	from    time.Time
 	topLast time.Time // the latest line of a top member
 }
 
-// add counts a line at at; top: of one of the event's top members.
-func (p *flow) add(at time.Time, quiet time.Duration, top bool) {
+// add counts a line at at, el on the correlator's elapsed time; top: of one of the event's top
+// members, with more lines of its own in the last quiet than the threshold.
+func (p *flow) add(at time.Time, el, quiet time.Duration, top bool) {
 	w := int64(quiet / flowSlots)
-	n := at.UnixNano() / max(w, 1)
+	n := int64(el) / max(w, 1)
 	if p.width != w { // new, or quiet changed: counted afresh
-		*p = flow{width: w, at: n, armed: p.armed, rest: p.rest, from: p.from, topLast: p.topLast}
+		*p = flow{width: w, at: n, armed: p.armed, rest: p.rest, from: p.from, topLast: p.topLast,
+			ends: p.ends}
 	}
+	p.latest = max(p.latest, int64(el))
 	if n > p.at {
 		for i := p.at + 1; i <= n && i <= p.at+flowSlots; i++ {
 			p.slots[slotOf(i)] = 0
@@ -141,7 +177,7 @@ func (p *flow) held(n int64) int64 {
 func (p *flow) threshold() int64 { return max(2, p.peak/100) }
 
 // calmAt is the end of the first slot whose quiet held fewer lines than
-// the threshold, in nanoseconds of the wall clock.
+// the threshold, in elapsed nanoseconds.
 func (p *flow) calmAt() int64 {
 	n, thr := p.at, p.threshold()
 	for p.held(n) >= thr {

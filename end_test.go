@@ -768,16 +768,15 @@ func TestStormEndsDespiteATrickle(t *testing.T) {
 	}
 }
 
-// TestStormOfTopMemberGoesOn: a host of 100 lines among a client's 200
-// distinct names becomes an event of its own; while it still comes, one
-// line every 4 minutes, its storm has not ended (the client's may); once
-// it stops, its end names it.
-func TestStormOfTopMemberGoesOn(t *testing.T) {
+// topMemberRun makes a host of 100 lines among a client's 200 distinct names an event of its own,
+// then sends one line of the host every every for an hour, and returns the ends said meanwhile.
+func topMemberRun(t *testing.T, every time.Duration) (*harness, *fakeAPI, []corev1.Event) {
 	cfg := testConfig(all, defaultQPS, defaultBurst, defaultCacheSize)
 	cfg.quiet = defaultQuiet
 	h, api, clk := newTestHarness(t, cfg)
 	query := func(name string, i int) line {
-		return ln(levelError, "errors", fmt.Sprintf("2 %s. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout", name, 30000+i), clk.Now())
+		return ln(levelError, "errors", fmt.Sprintf(
+			"2 %s. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout", name, 30000+i), clk.Now())
 	}
 	for i := range 300 {
 		name := fmt.Sprintf("c%d.client.example", i)
@@ -787,17 +786,34 @@ func TestStormOfTopMemberGoesOn(t *testing.T) {
 		h.observe(query(name, i))
 	}
 	h.advance(time.Minute)
-	for i := range 15 { // 1 hour
+	for i := 0; time.Duration(i)*every < time.Hour; i++ {
 		h.observe(query("db.corp.example", 1000+i))
-		h.advance(4 * time.Minute)
-		if ends := endsIn(api); len(ends) > 1 {
-			t.Fatalf("%d ends while the host still comes: %q, %q", len(ends), ends[0].Message, ends[1].Message)
-		}
+		h.advance(every)
+	}
+	return h, api, endsIn(api)
+}
+
+// TestStormOfTopMemberGoesOn: a host of 100 lines among a client's 200 distinct names becomes an
+// event of its own; while it still comes, one line a minute (5 in a quiet, above its threshold
+// of 2), its storm has not ended (the client's may); once it stops, its end names it.
+func TestStormOfTopMemberGoesOn(t *testing.T) {
+	h, api, ends := topMemberRun(t, time.Minute)
+	if len(ends) > 1 {
+		t.Fatalf("%d ends while the host still comes: %q, %q", len(ends), ends[0].Message, ends[1].Message)
 	}
 	h.advance(defaultQuiet + handOffGrace)
-	ends := endsIn(api)
+	ends = endsIn(api)
 	if len(ends) != 2 || !strings.Contains(ends[1].Message, "most: db.corp.example ≥") {
 		t.Errorf("ends %v, want the client's and then one naming db.corp.example", ends)
+	}
+}
+
+// TestTopMemberOfATrickleHoldsNoStormOpen: a top member holds its storm open only with more lines
+// of its own in the last quiet than max(2, 1 % of the peak): one line every 4 min 50 s is a
+// trickle, and the storm's end is said within the hour.
+func TestTopMemberOfATrickleHoldsNoStormOpen(t *testing.T) {
+	if _, _, ends := topMemberRun(t, 4*time.Minute+50*time.Second); len(ends) < 2 {
+		t.Errorf("%d ends within an hour of one line of a top member every 4 min 50 s, want its storm's too", len(ends))
 	}
 }
 
@@ -911,20 +927,20 @@ func TestFlowHoldsTheLinesOfItsQuietOnly(t *testing.T) {
 	slot := quiet / flowSlots
 	var p flow
 	at := epoch.Truncate(slot)
-	p.add(at, quiet, false)
-	p.add(at.Add(slot), quiet, false)
+	p.add(at, at.Sub(epoch.Truncate(slot)), quiet, false)
+	p.add(at.Add(slot), at.Add(slot).Sub(epoch.Truncate(slot)), quiet, false)
 	if got := p.held(p.at); got != 2 {
 		t.Errorf("a quiet holds %d lines of two slots in a row, want 2", got)
 	}
-	p.add(at.Add(flowSlots*slot), quiet, false) // the place of the first slot in the ring
+	p.add(at.Add(flowSlots*slot), at.Add(flowSlots*slot).Sub(epoch.Truncate(slot)), quiet, false) // the place of the first slot in the ring
 	if got := p.held(p.at); got != 2 {
 		t.Errorf("a quiet holds %d lines once the first slot is a quiet ago, want 2", got)
 	}
-	p.add(at.Add(5*flowSlots*slot), quiet, false) // quiets later: every slot of the ring afresh
+	p.add(at.Add(5*flowSlots*slot), at.Add(5*flowSlots*slot).Sub(epoch.Truncate(slot)), quiet, false) // quiets later: every slot of the ring afresh
 	if got := p.held(p.at); got != 1 {
 		t.Errorf("a quiet holds %d lines after quiets without one, want 1", got)
 	}
-	p.add(at.Add(4*flowSlots*slot), quiet, false) // a quiet late: no slot of it is left
+	p.add(at.Add(4*flowSlots*slot), at.Add(4*flowSlots*slot).Sub(epoch.Truncate(slot)), quiet, false) // a quiet late: no slot of it is left
 	if got := p.held(p.at); got != 1 {
 		t.Errorf("a quiet holds %d lines with one a quiet late, want 1", got)
 	}
@@ -937,10 +953,94 @@ func TestFlowIsCalmOnlyBelowItsThreshold(t *testing.T) {
 	slot := quiet / flowSlots
 	var p flow
 	at := epoch.Truncate(slot)
-	p.add(at, quiet, false)
-	p.add(at, quiet, false) // two lines: as many as the threshold
+	p.add(at, at.Sub(epoch.Truncate(slot)), quiet, false)
+	p.add(at, at.Sub(epoch.Truncate(slot)), quiet, false) // two lines: as many as the threshold
 	// The quiets ending with this slot and the next seven hold both lines.
-	if got, want := time.Duration(p.calmAt()-at.UnixNano()), (flowSlots+1)*slot; got != want {
+	if got, want := time.Duration(p.calmAt()-p.latest), (flowSlots+1)*slot; got != want {
 		t.Errorf("calm %v after the lines, want %v", got, want)
+	}
+}
+
+// TestReloadOfQuietKeepsTheHysteresis: a storm that ended gets no second end for one line since,
+// though a reload changed quiet after it: it must rise above its threshold again.
+func TestReloadOfQuietKeepsTheHysteresis(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))
+	logStorm(h, levelError, 0, 200, clk.Now())
+	h.advance(2 * time.Minute)
+	if n := len(endsIn(api)); n != 1 {
+		t.Fatalf("%d ends after the storm's quiet, want 1", n)
+	}
+	logStorm(h, levelError, 1000, 1, clk.Now())
+	h.advance(time.Second)
+	h.apply(withQuiet(100, 100, 2*time.Minute))
+	h.advance(10 * time.Minute)
+	if n := len(endsIn(api)); n != 1 {
+		t.Errorf("%d ends after one line since the end and a reload of quiet, want 1", n)
+	}
+}
+
+// TestQuietOffThenOnSeesTheStormGoOn: a storm of a line a second goes on while quiet is off; once
+// it is on again, the storm is not said to end while its lines still come.
+func TestQuietOffThenOnSeesTheStormGoOn(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))
+	logStorm(h, levelError, 0, 200, clk.Now())
+	h.advance(time.Second)
+	h.apply(withQuiet(100, 100, 0))
+	for i := range 600 { // 10 minutes of a line a second
+		logStorm(h, levelError, 1000+i, 1, clk.Now())
+		h.advance(time.Second)
+	}
+	h.apply(withQuiet(100, 100, time.Minute))
+	for i := range 30 {
+		logStorm(h, levelError, 2000+i, 1, clk.Now())
+		h.advance(time.Second)
+	}
+	if n := len(endsIn(api)); n != 0 {
+		t.Errorf("%d ends of a storm of a line a second once quiet is on again: %q", n, endsIn(api)[0].Message)
+	}
+}
+
+// TestStormFlowIsOnTheMonotonicClock: a step of the wall clock is no time that passed: after a
+// step back of an hour, a storm's lines still count in its flow, and after a step forward its
+// lines of before still do.
+func TestStormFlowIsOnTheMonotonicClock(t *testing.T) {
+	for _, step := range []time.Duration{-time.Hour, time.Hour} {
+		c := newCorrelator(64, func(*entry) {})
+		c.quiet = time.Minute
+		now := time.Now()
+		var e *entry
+		for i := range 100 { // 20 lines a second for 5 s, the wall clock stepped after 2 s
+			at := afterStep(now, time.Duration(i)*50*time.Millisecond, 0)
+			if i >= 40 {
+				at = afterStep(now, time.Duration(i)*50*time.Millisecond, step)
+			}
+			e = c.observe(ln(levelError, "errors", "upstream down", at))
+		}
+		if got := e.flow.held(e.flow.at); got != 100 {
+			t.Errorf("after a step of %v: the last quiet holds %d of the storm's 100 lines of 5 s", step, got)
+		}
+	}
+}
+
+// TestEndsHaveABudgetOfTheirOwn: a plugin and level whose storms rise and fall makes at most
+// maxEnds ends in any hour, beside its budget of events; the ends past them wait for room and
+// are said after the hour, not dropped.
+func TestEndsHaveABudgetOfTheirOwn(t *testing.T) {
+	h, api, _ := newTestHarness(t, withQuiet(1000, 1000, time.Minute))
+	for i := range 2 * maxEnds {
+		repeatLine(h, levelError, "errors", "upstream "+word(i)+" unhealthy", stormLines)
+	}
+	h.advance(time.Second)
+	for range 30 {
+		h.advance(time.Minute)
+	}
+	if n := len(endsIn(api)); n != maxEnds {
+		t.Errorf("%d ends of one plugin and level within half an hour, want %d", n, maxEnds)
+	}
+	for range 40 {
+		h.advance(time.Minute)
+	}
+	if n := len(endsIn(api)); n != 2*maxEnds {
+		t.Errorf("%d ends after the hour, want all %d", n, 2*maxEnds)
 	}
 }

@@ -35,6 +35,29 @@ type hitter struct {
 	n, at      uint8 // the member's length, and its place in held
 	count, err int64 // count is an upper bound, count-err a lower bound
 	from       int64 // count when the current storm began
+	// recent is its lines of the half quiet before half and of half, as counted since it took its
+	// slot: a lower bound of its lines within the last quiet.
+	recent [2]int32
+	half   int64
+}
+
+// tick counts a line at el (the correlator's elapsed time) in its halves of quiet, and returns its
+// lines within the last quiet, at least those of the last half quiet.
+func (s *hitter) tick(el, quiet time.Duration) int64 {
+	if quiet < 2 {
+		return 0
+	}
+	k := int64(el / (quiet / 2))
+	switch k {
+	case s.half:
+	case s.half + 1:
+		s.recent = [2]int32{s.recent[1], 0}
+	default: // later, or a quiet of another length
+		s.recent = [2]int32{}
+	}
+	s.half = k
+	s.recent[1]++
+	return int64(s.recent[0]) + int64(s.recent[1])
 }
 
 // low is a lower bound on the member's lines, or on those of the current storm only.
@@ -55,11 +78,12 @@ type hitters struct {
 	shapes []uint64 // of the lines of other shapes: those of the current storm, up to maxCountedShapes
 }
 
-// add counts a line of member and tells whether member is now among the top (see top).
-func (h *hitters) add(member string) bool {
+// add counts a line of member at el, the correlator's elapsed time, and tells whether member is
+// now among the top (see top), with its lines within the last quiet.
+func (h *hitters) add(member string, el, quiet time.Duration) (bool, int64) {
 	h.lines++
 	if member == "" {
-		return false
+		return false, 0
 	}
 	member = cutMember(member)
 	x := maphash.String(shapeSeed, member)
@@ -82,7 +106,7 @@ func (h *hitters) add(member string) bool {
 		h.slots[i] = hitter{n: uint8(copy(h.held[i][:], member)), at: uint8(i), count: c, err: c}
 	}
 	h.slots[i].count++
-	return h.isTop(h.slots[i], false)
+	return h.isTop(h.slots[i], false), h.slots[i].tick(el, quiet)
 }
 
 // least is a slot of the least count. Counts only grow, each line by one: the least count found
@@ -217,17 +241,41 @@ type promoter struct {
 	used   time.Duration // the latest line
 	gen    int64         // the quarter under way
 	slots  []counter
-	index  map[uint64]int32 // a member's hash: its slot
-	least  uint32           // at most the least total of a slot
-	next   int              // where the search for a slot of the least total goes on
-	hashes []uint64         // of each slot's member
+	index  [promoterIndex]int16 // open addressing by a member's hash: its slot + 1, 0 when free
+	least  uint32               // at most the least total of a slot
+	next   int                  // where the search for a slot of the least total goes on
+	hashes []uint64             // of each slot's member
 }
+
+// promoterIndex is the size of a promoter's index: a quarter full at most, so a probe is short.
+const promoterIndex = 4 * promoterSlots
 
 func newPromoter() *promoter {
 	return &promoter{
 		slots:  make([]counter, 0, promoterSlots),
-		index:  make(map[uint64]int32, promoterSlots),
 		hashes: make([]uint64, 0, promoterSlots),
+	}
+}
+
+// find is the place in the index of the slot of hash x, or the free place where it would go.
+func (p *promoter) find(x uint64) int {
+	k := int(x % promoterIndex)
+	for p.index[k] != 0 && p.hashes[p.index[k]-1] != x {
+		k = (k + 1) % promoterIndex
+	}
+	return k
+}
+
+// forget takes the place k out of the index, moving back the places after it that probed past it.
+func (p *promoter) forget(k int) {
+	p.index[k] = 0
+	for j := (k + 1) % promoterIndex; p.index[j] != 0; j = (j + 1) % promoterIndex {
+		home := int(p.hashes[p.index[j]-1] % promoterIndex)
+		// j's entry stays unless k lies cyclically within [home, j).
+		if (j > k && (home <= k || home > j)) || (j < k && home <= k && home > j) {
+			p.index[k], p.index[j] = p.index[j], 0
+			k = j
+		}
 	}
 }
 
@@ -238,20 +286,23 @@ func (p *promoter) add(member string, at time.Duration) int64 {
 	p.advance(int64(at / promoterGen))
 	g := p.gen % promoterGens
 	x := maphash.String(shapeSeed, member)
-	i, ok := p.index[x]
-	if ok && p.slots[i].memberIs(member) {
-		p.slots[i].own[g]++
-		return p.slots[i].low()
+	k := p.find(x)
+	if p.index[k] != 0 {
+		c := &p.slots[p.index[k]-1]
+		if !c.memberIs(member) { // another member of the same hash keeps its slot
+			return 0
+		}
+		c.own[g]++
+		return c.low()
 	}
-	if ok { // another member of the same hash: it keeps its slot, this line counts in no bound
-		return 0
-	}
+	var i int
 	if len(p.slots) < promoterSlots {
-		i = int32(len(p.slots))
+		i = len(p.slots)
 		p.slots, p.hashes = append(p.slots, counter{}), append(p.hashes, 0)
 	} else {
-		i = int32(p.leastSlot())
-		delete(p.index, p.hashes[i])
+		i = p.leastSlot()
+		p.forget(p.find(p.hashes[i]))
+		k = p.find(x) // the places moved
 	}
 	c := &p.slots[i]
 	for k := range promoterGens { // the lines of the member it replaces, each in its quarter
@@ -260,7 +311,7 @@ func (p *promoter) add(member string, at time.Duration) int64 {
 	}
 	c.n = uint8(copy(c.member[:], member))
 	c.own[g] = 1
-	p.index[x], p.hashes[i] = i, x
+	p.index[k], p.hashes[i] = int16(i+1), x
 	return 1
 }
 
@@ -299,6 +350,6 @@ func (p *promoter) leastSlot() int {
 
 // reset empties the promoter for another plugin and level.
 func (p *promoter) reset() {
-	clear(p.index)
+	p.index = [promoterIndex]int16{}
 	p.slots, p.hashes, p.least, p.next, p.gen = p.slots[:0], p.hashes[:0], 0, 0, 0
 }

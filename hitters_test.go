@@ -43,9 +43,9 @@ func TestMemberIsFirstNameElseAddress(t *testing.T) {
 func TestHittersNameHeavyMembers(t *testing.T) {
 	var h hitters
 	for i := range 1000 {
-		h.add(fmt.Sprintf("c%d.client.example", i))
+		h.add(fmt.Sprintf("c%d.client.example", i), 0, 0)
 		if i%16 == 0 {
-			h.add("db.corp.example")
+			h.add("db.corp.example", 0, 0)
 		}
 	}
 	top := h.top(false)
@@ -60,7 +60,7 @@ func TestHittersNameHeavyMembers(t *testing.T) {
 	}
 	var many hitters
 	for i := range 40 * hitterSlots {
-		many.add(fmt.Sprintf("h%d.%s.example", i%(hitterSlots/2), strings.Repeat("x", 50)))
+		many.add(fmt.Sprintf("h%d.%s.example", i%(hitterSlots/2), strings.Repeat("x", 50)), 0, 0)
 	}
 	if s := many.names(false); len(s) > maxHitters || strings.Count(s, "≥") < 2 {
 		t.Errorf("%d bytes naming %d members, want at most %d", len(s), strings.Count(s, "≥"), maxHitters)
@@ -143,10 +143,10 @@ func TestFailingHostAmongManyClientNamesBecomesItsOwnEvent(t *testing.T) {
 func TestHittersCountLinesAndKeepTheirBounds(t *testing.T) {
 	var h hitters
 	for i := range hitterSlots {
-		h.add(fmt.Sprintf("c%d.example", i))
+		h.add(fmt.Sprintf("c%d.example", i), 0, 0)
 	}
-	h.add("new.example")
-	h.add("") // a line with no member counts too
+	h.add("new.example", 0, 0)
+	h.add("", 0, 0) // a line with no member counts too
 	if h.lines != hitterSlots+2 {
 		t.Errorf("%d lines counted, want %d", h.lines, hitterSlots+2)
 	}
@@ -162,32 +162,32 @@ func TestHittersCountLinesAndKeepTheirBounds(t *testing.T) {
 // first.
 func TestTopMembersHaveMoreThanTheirShareAndTwoLines(t *testing.T) {
 	var h hitters
-	h.add("two.example")
-	h.add("two.example")
+	h.add("two.example", 0, 0)
+	h.add("two.example", 0, 0)
 	if top := h.top(false); len(top) != 1 {
 		t.Fatalf("a member of two lines out of two is not named: %+v", top)
 	}
 	for range 2*hitterSlots - 2 {
-		h.add("")
+		h.add("", 0, 0)
 	}
 	if top := h.top(false); len(top) != 0 {
 		t.Errorf("a member of exactly its share is named: %+v", top)
 	}
 	for range 5 {
-		h.add("five.example")
+		h.add("five.example", 0, 0)
 	}
 	for range 10 {
-		h.add("ten.example")
+		h.add("ten.example", 0, 0)
 	}
 	if got := h.names(false); !strings.HasPrefix(got, "most: ten.example ≥10, five.example ≥5") {
 		t.Errorf("names %q, want the most first", got)
 	}
 	var g hitters // the other way round
 	for range 10 {
-		g.add("ten.example")
+		g.add("ten.example", 0, 0)
 	}
 	for range 5 {
-		g.add("five.example")
+		g.add("five.example", 0, 0)
 	}
 	if got := g.names(false); got != "most: ten.example ≥10, five.example ≥5" {
 		t.Errorf("names %q, want the most first", got)
@@ -200,7 +200,7 @@ func TestNamesFillExactlyTheirRoom(t *testing.T) {
 	var h hitters
 	for i, m := range []string{strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64), strings.Repeat("d", 32)} {
 		for range 5 - i {
-			h.add(m)
+			h.add(m, 0, 0)
 		}
 	}
 	if got := h.names(false); len(got) != maxHitters || strings.Count(got, "≥") != 4 {
@@ -215,14 +215,14 @@ func TestNewMemberTakesOverTheSlotOfLeastCount(t *testing.T) {
 	var h hitters
 	for i := range hitterSlots { // m0 has 33 lines, m1 32, ..., m31 2
 		for range hitterSlots + 1 - i {
-			h.add(fmt.Sprintf("m%d.example", i))
+			h.add(fmt.Sprintf("m%d.example", i), 0, 0)
 		}
 	}
 	for round := range 3 * hitterSlots {
 		least := slices.MinFunc(h.slots, func(a, b hitter) int { return cmp.Compare(a.count, b.count) }).count
 		most := slices.MaxFunc(h.slots, func(a, b hitter) int { return cmp.Compare(a.count, b.count) })
 		name := fmt.Sprintf("new%d.example", round)
-		h.add(name)
+		h.add(name, 0, 0)
 		kept := map[string]hitter{}
 		for _, s := range h.slots {
 			kept[h.member(s)] = s
