@@ -282,3 +282,27 @@ func slicesMinMax(d []time.Duration) (lo, hi time.Duration) {
 	}
 	return lo, hi
 }
+
+// TestFleetReadsAreBounded: reads of N that keep failing are retried with backoff, within the
+// read bucket: at most 3 at once and one every fleetStale; meanwhile the writes wait for N while
+// a read may come, and take the floor alone once the reads are spent.
+func TestFleetReadsAreBounded(t *testing.T) {
+	h, api, clk := newTestHarness(t, fleetConfig(100, 100))
+	addDeployment(api, testRef.Name, 2, intstr.FromInt32(0))
+	api.setFault(func(r apiRequest) fault {
+		if r.resource == "deployments" {
+			return fault{code: http.StatusServiceUnavailable}
+		}
+		return fault{}
+	})
+	for i := range 60 { // a line a minute
+		h.observe(ln(levelError, "errors", fmt.Sprint("upstream ", i%5, " down"), clk.Now()))
+		h.advance(time.Minute)
+	}
+	if n := len(reads(api)); n > fleetReads+6 {
+		t.Errorf("%d reads in an hour, want at most %d + 6", n, fleetReads)
+	}
+	if n := len(reachedAt(api, levelError.reason())); n < 1 || n > 2 {
+		t.Errorf("%d writes in an hour without N, want the floor's: 1 or 2", n)
+	}
+}
