@@ -338,7 +338,12 @@ func (s *scheduler) showDelays() {
 			// The wall time now less the time that passed: a step of the wall clock is no wait.
 			since = s.now.UnixNano() - int64(s.now.Sub(f.Value.(*entry).first))
 		}
-		bound := time.Duration(min(float64(max(len(s.queues[l].turns), 1))/s.set.qps, 365*24*3600)*1e9) + writeTimeout
+		qps := s.set.qps
+		if s.fleet.on() { // the share refills slower, and the herd's window comes first
+			qps = min(qps, s.fleet.buckets[l].qps)
+		}
+		refills := min(float64(max(len(s.queues[l].turns), 1))/qps, 365*24*3600)
+		bound := time.Duration(refills*1e9) + writeTimeout + s.fleet.window()
 		if s.pod.lookup {
 			bound += writeTimeout
 		}
