@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 )
 
@@ -304,5 +305,25 @@ func TestFleetReadsAreBounded(t *testing.T) {
 	}
 	if n := len(reachedAt(api, levelError.reason())); n < 1 || n > 2 {
 		t.Errorf("%d writes in an hour without N, want the floor's: 1 or 2", n)
+	}
+}
+
+// TestFleetWithoutThePodsNameKeepsTheRateBound: without COREDNS_POD_NAME there is no workload to
+// count: rate alone, said once, and nothing read.
+func TestFleetWithoutThePodsNameKeepsTheRateBound(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	api := newFakeAPI(t, clk)
+	pod := podIdentity{ref: corev1.ObjectReference{Kind: "Namespace", APIVersion: "v1", Name: "default"}, verb: verbListPod}
+	h := newHarnessOn(t, fleetConfig(0.01, 1), api, clk, pod)
+	distinct(h, levelError, 5, clk.Now())
+	h.advance(time.Second)
+	if c, _ := api.writes(); c != 5 {
+		t.Errorf("%d creates, want all 5: rate allows them", c)
+	}
+	if n := len(reads(api)); n != 0 {
+		t.Errorf("%d reads, want none", n)
+	}
+	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Error(), "COREDNS_POD_NAME or COREDNS_NAMESPACE is not set") {
+		t.Errorf("reports %v, want one that says the pod's name is not set", h.reports)
 	}
 }

@@ -261,7 +261,8 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 				}
 				break
 			}
-			fleetRead, write = s.fleetReadable(due, now), !due
+			fleetRead = s.fleetReadable(due, now)
+			write = !fleetRead
 		}
 		if write && !s.stopping {
 			if w := s.fleet.herdWait(now, s.rand); w > 0 { // the herd spread
