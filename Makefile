@@ -45,7 +45,7 @@ NODE ?= $(shell [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && echo node)
 with_tools = tools_env=$$(hack/tools.sh env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 with_demo_tools = tools_env=$$(hack/tools.sh demo-env $(if $(NODE),node)); set -a; eval "$$tools_env"; set +a;
 
-.PHONY: all build build-check image release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-against fuzz mutate mutate-contract clean
+.PHONY: all build build-check image plugin push release tools test test-unit test-newest test-floor test-faults test-e2e demo bench bench-fleet bench-against fuzz mutate mutate-contract clean
 
 all: build
 
@@ -67,10 +67,32 @@ image:
 		-name $(IMAGE_NAME) -tag '$(IMAGE_TAG)' -version $(VERSION) -revision $(REVISION) \
 		-coredns $(COREDNS_VERSION) -out $(IMAGE_ARCHIVE) -ref-file $(IMAGE_REF_FILE)
 
+# push pushes the image that `make image` wrote, both platforms, to IMAGE
+# (REGISTRY/REPO:TAG) with the credentials of the docker config (`docker
+# login`), and prints the pushed reference with its digest. A tag that
+# names another image is refused unless OVERWRITE=1. The tool is the
+# module hack/registry, so that the plugin's module does not require
+# go-containerregistry.
+IMAGE ?=
+OVERWRITE ?=
+push:
+	$(GO) run -C hack/registry . push -archive $(abspath $(IMAGE_ARCHIVE)) $(if $(OVERWRITE),-overwrite) '$(IMAGE)'
+
+# plugin writes the kubectl plugin (krew's coredns-k8s-event) for
+# PLUGIN_PLATFORMS into PLUGIN_DIR: one archive each, with the LICENSE,
+# and their krew manifest (docs/release.md).
+PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+PLUGIN_DIR ?= bin/plugin
+plugin:
+	rm -rf $(PLUGIN_DIR)
+	$(GO) run ./hack/krew -version $(VERSION) -out $(PLUGIN_DIR) $(foreach p,$(PLUGIN_PLATFORMS),-platform $(p))
+
 # release writes dist/: the static binaries of PLATFORMS, their image
-# archive named by its tag, the image's reference, and SHA-256 sums.
-release: image
+# archive named by its tag, the image's reference, the kubectl plugin's
+# archives and krew manifest, and SHA-256 sums.
+release: image plugin
 	rm -rf dist && mkdir -p dist
+	cp $(PLUGIN_DIR)/* dist/
 	for p in $(PLATFORMS); do \
 		cp bin/$${p%/*}-$${p#*/}/coredns dist/coredns-k8s_event-$(VERSION)-$${p%/*}-$${p#*/}; \
 	done
@@ -108,6 +130,7 @@ build-check: build
 
 test-unit:
 	$(GO) test -race -count=1 ./...
+	$(GO) test -C hack/registry -race -count=1 ./...
 
 # test-faults runs the fault models over many more seeds than test-unit
 # does: the stepped one (the production scheduler on a fake clock) without
@@ -149,6 +172,24 @@ bench:
 	$(GO) build -o bin/k8s-event-bench ./test/bench
 	hack/tools.sh dnsperf
 	$(with_tools) bin/k8s-event-bench -coredns bin/coredns-e2e -micro bin/bench-micro.txt -out bin/bench-report.md
+
+# bench-fleet runs FLEET_REPLICAS production pipelines of k8s_event in one
+# process, each with its own pod object, client and connection, writing as
+# the ServiceAccount kube-system/coredns to a real kube-apiserver and etcd
+# (APF on): an upstream failure shared by all, and an API outage, each with
+# and without the priority level of deploy/k8s_event/flowcontrol, beside a
+# bystander in kube-system. FLEET_OPTIONS are k8s_event options, one set
+# per variant, '|' between sets and ';' between lines: FLEET_OPTIONS='|fleet
+# 10 50' compares the defaults with `fleet 10 50`. The report is
+# bin/bench-fleet.md. Not part of `make test`: it takes several minutes.
+FLEET_REPLICAS ?= 1000
+FLEET_OPTIONS ?=
+FLEET_ARGS ?=
+bench-fleet:
+	mkdir -p bin
+	tools_env=$$(hack/tools.sh env); set -a; eval "$$tools_env"; set +a; \
+		nice -n 10 $(GO) test -tags fleetbench -run '^$$' -bench '^BenchmarkFleet$$' -benchtime 1x -timeout 3h . \
+		-args -fleet.replicas '$(FLEET_REPLICAS)' -fleet.options '$(FLEET_OPTIONS)' -fleet.out bin/bench-fleet.md $(FLEET_ARGS)
 
 # bench-against compares the listener micro-benchmarks with those of BASE
 # (a commit), both built once and run in turns: `make bench-against

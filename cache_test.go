@@ -150,7 +150,7 @@ func benchCacheBytes(b *testing.B, n int) {
 	for i, e := range entries {
 		e.hitters = &hitters{}
 		for j := range hitterSlots {
-			e.hitters.add(cutMember(fmt.Sprintf("%0*d", maxMemberLen, i*hitterSlots+j)), time.Time{})
+			e.hitters.add(cutMember(fmt.Sprintf("%0*d", maxMemberLen, i*hitterSlots+j)))
 		}
 	}
 	runtime.GC()

@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"cmp"
 	"hash/maphash"
 	"maps"
 	"slices"
@@ -13,9 +14,12 @@ const (
 	// events, one per shape, then one more for the lines of every other shape (otherShapes), in any
 	// budgetWindow: further new lines join the combined events, so that per-query errors cannot
 	// create an object each, and noise that pauses cannot start the budget over.
-	ownEvents    = 10
-	maxShapes    = 10
-	budget       = ownEvents + maxShapes + 1
+	ownEvents = 10
+	maxShapes = 10
+	budget    = ownEvents + maxShapes + 1
+	// maxPromoted is the room for events of one member's lines (hitters.go) beside the budget, in
+	// any budgetWindow: new shapes cannot spend it, nor promotions the budget.
+	maxPromoted  = 10
 	budgetWindow = time.Hour
 	maxWindows   = 1024
 	otherShapes  = 1 // a shapeHash is never 1 in practice
@@ -85,25 +89,35 @@ type windowKey struct {
 // window is the budget of one plugin and level: a ring of the times of its latest new events. Times
 // are the correlator's elapsed: a step of the wall clock is no time that passed.
 type window struct {
-	made [budget]time.Duration
-	next int
+	made     ring[[budget]time.Duration]
+	promoted ring[[maxPromoted]time.Duration]
+	promoter *promoter // of its members, once it has lines past its events of their own
+}
+
+// ring is the times of the latest events of a budget.
+type ring[T [budget]time.Duration | [maxPromoted]time.Duration] struct {
+	times T
+	next  int
 }
 
 // spent is the number of new events made within budgetWindow before at.
-func (w *window) spent(at time.Duration) int {
+func (r *ring[T]) spent(at time.Duration) int {
 	n := 0
-	for _, t := range w.made {
-		if at-t < budgetWindow {
+	for i := range len(r.times) {
+		if at-r.times[i] < budgetWindow {
 			n++
 		}
 	}
 	return n
 }
 
-func (w *window) spend(at time.Duration) {
-	w.made[w.next] = at
-	w.next = (w.next + 1) % budget
+func (r *ring[T]) spend(at time.Duration) {
+	r.times[r.next] = at
+	r.next = (r.next + 1) % len(r.times)
 }
+
+func (w *window) spent(at time.Duration) int { return w.made.spent(at) }
+func (w *window) spend(at time.Duration)     { w.made.spend(at) }
 
 // correlator folds lines into entries: repeats counted, storms combined by shape, those whose loss
 // costs the least evicted beyond the cache size (cache.go). Owned by the scheduler's goroutine.
@@ -116,6 +130,9 @@ type correlator struct {
 	seq     uint64
 	quiet   time.Duration // the scheduler's: storms' paces count lines in slots of it
 	shaped  []byte        // room for a line's shape: shapeHash's, in place
+	// promoters are those of the budgets, at most maxPromoters: the least recently used goes to
+	// another budget that needs one.
+	promoters []*promoter
 }
 
 // newCorrelator keeps size entries; evicted is told of each that leaves.
@@ -140,7 +157,7 @@ func (c *correlator) observe(ln line) *entry {
 		if e.hitters == nil {
 			e.hitters = &hitters{}
 		}
-		top = e.hitters.add(m, ln.at)
+		top = e.hitters.add(m)
 		if key.shape == otherShapes && len(e.hitters.shapes) < maxCountedShapes {
 			if x := shapeHash(strings.TrimPrefix(msg, ln.plugin)); !slices.Contains(e.hitters.shapes, x) {
 				e.hitters.shapes = append(e.hitters.shapes, x)
@@ -202,6 +219,10 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	c.shaped = appendShape(c.shaped[:0], rest, &f)
 	key.message, key.shape = "", maphash.Bytes(shapeSeed, c.shaped)
 	m := f.member()
+	low := int64(0)
+	if m != "" {
+		low = c.promoterOf(w).add(m, at)
+	}
 	e, ok := c.cache.get(key)
 	if !ok && spent >= ownEvents+maxShapes {
 		key.shape = otherShapes
@@ -221,12 +242,31 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 			return own, o, true, m
 		}
 	}
-	if e.hitters != nil && e.hitters.upperBound(m)+1 >= promoteAt && spent < ownEvents+maxShapes {
-		w.spend(at)
+	if low >= promoteAt && w.promoted.spent(at) < maxPromoted {
+		w.promoted.spend(at)
 		own.member = strings.Clone(m) // the key must not keep the line
 		return own, nil, false, m
 	}
 	return key, e, true, m
+}
+
+// promoterOf is w's promoter: a new one while fewer than maxPromoters are, else the least
+// recently used, emptied.
+func (c *correlator) promoterOf(w *window) *promoter {
+	if w.promoter != nil {
+		return w.promoter
+	}
+	var p *promoter
+	if len(c.promoters) < maxPromoters {
+		p = newPromoter()
+		c.promoters = append(c.promoters, p)
+	} else {
+		p = slices.MinFunc(c.promoters, func(a, b *promoter) int { return cmp.Compare(a.used, b.used) })
+		p.owner.promoter = nil
+		p.reset()
+	}
+	p.owner, w.promoter = w, p
+	return p
 }
 
 // window is the budget of wk. Beyond maxWindows, those unused for budgetWindow go first.

@@ -384,30 +384,37 @@ func TestStormsThatEndAndComeBackStayWithinTheBudget(t *testing.T) {
 	}
 }
 
-// TestPromotionThatTakesTheLastOfTheBudgetLeavesNoRoomForMore: at most 21
-// new events per plugin and level in any hour (one more only when the
-// cache let the last of them go). A member promoted to an event of its own
-// when 20 are made takes the 21st; a line of a new shape after it must
-// join an event, not make a 22nd.
-func TestPromotionThatTakesTheLastOfTheBudgetLeavesNoRoomForMore(t *testing.T) {
+// TestPromotionsHaveRoomNewShapesCannotSpend: a client that spends the whole budget of a plugin
+// and level (10 events of their own, 10 shapes, the other shapes) leaves the room of promotions
+// untouched: a host of 10 timeouts still becomes an event of its own. Promotions have their own
+// room, maxPromoted in any hour; past it members stay in the combined event, and a new shape
+// joins the other shapes: at most budget + maxPromoted events in the hour.
+func TestPromotionsHaveRoomNewShapesCannotSpend(t *testing.T) {
 	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 1024))
 	for i := range ownEvents {
 		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
 	}
-	timeout := func(port int) {
-		h.observe(ln(levelError, "errors", fmt.Sprintf("2 db.corp.example. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", port), clk.Now()))
-	}
-	timeout(40000) // the first shape
-	for i := 1; i < maxShapes; i++ {
+	for i := range maxShapes + 1 {
 		h.observe(ln(levelError, "errors", "backend "+word(i)+" refused", clk.Now()))
 	}
-	for i := 1; i < promoteAt; i++ { // db.corp.example's 10th line makes it an event of its own
-		timeout(40000 + i)
+	timeout := func(host string, port int) string {
+		return fmt.Sprintf("2 %s. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", host, port)
+	}
+	for i := range promoteAt {
+		h.observe(ln(levelError, "errors", timeout("db.corp.example", 40000+i), clk.Now()))
+	}
+	for j := range maxPromoted + 2 {
+		for i := range promoteAt {
+			h.observe(ln(levelError, "errors", timeout(fmt.Sprintf("h%d.corp.example", j), 40000+i), clk.Now()))
+		}
 	}
 	h.observe(ln(levelError, "errors", "a new kind of failure", clk.Now()))
 	h.advance(time.Minute)
-	if n := len(api.list()); n > budget {
-		t.Errorf("%d events of one plugin and level within a minute, want at most %d", n, budget)
+	if h.entry(eventKey{level: levelError, plugin: "plugin/errors: ", shape: otherShapes, member: "db.corp.example"}) == nil {
+		t.Errorf("the host of %d timeouts is no event of its own once a client spent the budget", promoteAt)
+	}
+	if n := len(api.list()); n > budget+maxPromoted {
+		t.Errorf("%d events of one plugin and level within a minute, want at most %d", n, budget+maxPromoted)
 	}
 }
 

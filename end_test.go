@@ -118,7 +118,7 @@ func TestStormEndIsSaid(t *testing.T) {
 	if storm.Count != 30 {
 		t.Errorf("combined count %d, want 30", storm.Count)
 	}
-	want := fmt.Sprintf(`plugin/errors: 30 lines like "<n> <name>. A: read udp <ip>-><ip>: i/o timeout" from %s to %s, none since`,
+	want := fmt.Sprintf(`plugin/errors: 30 lines like "<n> <name>. <type>: read udp <ip>-><ip>: i/o timeout" from %s to %s, none since`,
 		start.Format(time.TimeOnly), last.Format(time.TimeOnly))
 	if end.Message != want {
 		t.Errorf("end message\n%s\nwant\n%s", end.Message, want)

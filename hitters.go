@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -15,8 +16,10 @@ import (
 // DNS name, else its first IP address, never a port. Each combined event keeps a space-saving
 // summary of its members (Metwally et al.): hitterSlots counters, each an upper bound on its
 // member's lines with the error it may hold, so that any member with more than lines/hitterSlots
-// of the event's lines has a counter. Its message names those members with lower-bound counts;
-// a member of promoteAt lines becomes an event of its own, within the budget (correlator.go).
+// of the event's lines has a counter. Its message names those members with lower-bound counts.
+// Promotion is decided apart, by a promoter of each plugin and level (below): a member whose
+// lines of the sliding hour are at least promoteAt, by an exact lower bound, becomes an event of
+// its own, within a room of the budget that new shapes cannot spend (correlator.go).
 
 const (
 	hitterSlots      = 32
@@ -24,10 +27,6 @@ const (
 	promoteAt        = 10  // lines of one member that make it an event of its own
 	maxMemberLen     = 64  // bytes of a member kept, so that a summary takes at most a few KiB
 	maxHitters       = 256 // bytes of a message that name hitters
-	// sketchWidth is the counters of each of the two rows of a count-min sketch (Cormode and
-	// Muthukrishnan): a member counts in one counter of each row, so the lesser is an upper bound
-	// on its lines that churn of other members barely moves, unlike a counter of the summary.
-	sketchWidth = 256
 )
 
 // hitter is a counter of the summary. Counters are small, so that a line's scan reads little: the
@@ -53,27 +52,17 @@ type hitters struct {
 	low    int64                // at most the least count of a slot
 	next   int                  // where the search for a slot of the least count goes on
 	lines  int64
-	sketch [2][sketchWidth]uint8 // the lines of budgetWindow from since, at most 255
-	since  time.Time
 	shapes []uint64 // of the lines of other shapes: those of the current storm, up to maxCountedShapes
 }
 
-// add counts a line of member at at and tells whether member is now among the top (see top).
-func (h *hitters) add(member string, at time.Time) bool {
+// add counts a line of member and tells whether member is now among the top (see top).
+func (h *hitters) add(member string) bool {
 	h.lines++
 	if member == "" {
 		return false
 	}
 	member = cutMember(member)
-	if at.Sub(h.since) >= budgetWindow {
-		h.sketch, h.since = [2][sketchWidth]uint8{}, at
-	}
-	x := maphash.String(shapeSeed, member) // its counters: a byte of it for each row
-	for r, i := range [2]uint8{uint8(x), uint8(x >> 8)} {
-		if h.sketch[r][i] < 255 { // far above promoteAt
-			h.sketch[r][i]++
-		}
-	}
+	x := maphash.String(shapeSeed, member)
 	i := -1
 	for j, y := range h.hashes[:len(h.slots)] {
 		if y == uint32(x) && h.member(h.slots[j]) == member {
@@ -124,13 +113,6 @@ func (h *hitters) newStorm() {
 	for i := range h.slots {
 		h.slots[i].from = h.slots[i].count
 	}
-}
-
-// upperBound is the most lines member may have had within budgetWindow: never below its lines, so
-// that no member of promoteAt lines is missed however many others churn.
-func (h *hitters) upperBound(member string) int64 {
-	x := maphash.String(shapeSeed, member)
-	return int64(min(h.sketch[0][uint8(x)], h.sketch[1][uint8(x>>8)]))
 }
 
 // top lists the members that are isTop, most first.
@@ -188,4 +170,135 @@ func cutMember(m string) string {
 		i--
 	}
 	return m[:i]
+}
+
+// The promoter of a plugin and level decides which members become events of their own. It is a
+// space-saving summary of promoterSlots members over a sliding hour: each counter keeps its lines
+// by quarter of budgetWindow (the last four and the one under way), those it counted itself apart
+// from those it took over with its slot, so that a quarter's lines leave when it does, and the
+// lines it counted itself are an exact lower bound on its member's lines within the last hour and
+// a quarter. A member is promoted once that bound reaches promoteAt: a name of fewer lines never
+// is, whatever the noise. Space-saving keeps a counter for every member with more than
+// 1/promoterSlots of the lines of the window, so under noise of N lines in the window a member
+// with promoteAt + N/promoterSlots lines is promoted; with no noise, promoteAt lines in any hour.
+
+const (
+	promoterSlots = 256
+	promoterGens  = 5 // quarters of budgetWindow: the last four, and the one under way
+	promoterGen   = budgetWindow / (promoterGens - 1)
+	maxPromoters  = 16 // plugins and levels with lines past their events of their own
+)
+
+// counter is a member's lines of each quarter (its slot's index is the quarter modulo
+// promoterGens): own counted for it, taken over from the member it replaced.
+type counter struct {
+	own, taken [promoterGens]uint32
+	n          uint8
+	member     [maxMemberLen]byte
+}
+
+func (c *counter) total() (sum uint32) {
+	for g := range promoterGens {
+		sum += c.own[g] + c.taken[g]
+	}
+	return sum
+}
+
+// low is the exact lower bound of the counter's member's lines within the window.
+func (c *counter) low() (sum int64) {
+	for _, n := range c.own {
+		sum += int64(n)
+	}
+	return sum
+}
+
+type promoter struct {
+	owner  *window       // the budget it belongs to, which points back to it
+	used   time.Duration // the latest line
+	gen    int64         // the quarter under way
+	slots  []counter
+	index  map[uint64]int32 // a member's hash: its slot
+	least  uint32           // at most the least total of a slot
+	next   int              // where the search for a slot of the least total goes on
+	hashes []uint64         // of each slot's member
+}
+
+func newPromoter() *promoter {
+	return &promoter{
+		slots:  make([]counter, 0, promoterSlots),
+		index:  make(map[uint64]int32, promoterSlots),
+		hashes: make([]uint64, 0, promoterSlots),
+	}
+}
+
+// add counts a line of member at at (the correlator's elapsed time) and returns the exact lower
+// bound of member's lines within the window.
+func (p *promoter) add(member string, at time.Duration) int64 {
+	p.used = at
+	p.advance(int64(at / promoterGen))
+	g := p.gen % promoterGens
+	x := maphash.String(shapeSeed, member)
+	i, ok := p.index[x]
+	if ok && p.slots[i].memberIs(member) {
+		p.slots[i].own[g]++
+		return p.slots[i].low()
+	}
+	if ok { // another member of the same hash: it keeps its slot, this line counts in no bound
+		return 0
+	}
+	if len(p.slots) < promoterSlots {
+		i = int32(len(p.slots))
+		p.slots, p.hashes = append(p.slots, counter{}), append(p.hashes, 0)
+	} else {
+		i = int32(p.leastSlot())
+		delete(p.index, p.hashes[i])
+	}
+	c := &p.slots[i]
+	for k := range promoterGens { // the lines of the member it replaces, each in its quarter
+		c.taken[k] += c.own[k]
+		c.own[k] = 0
+	}
+	c.n = uint8(copy(c.member[:], member))
+	c.own[g] = 1
+	p.index[x], p.hashes[i] = i, x
+	return 1
+}
+
+func (c *counter) memberIs(m string) bool { return string(c.member[:c.n]) == m }
+
+// advance makes gen the quarter under way: the quarters that left the window are forgotten.
+func (p *promoter) advance(gen int64) {
+	if gen <= p.gen {
+		return
+	}
+	for k := p.gen + 1; k <= gen && k <= p.gen+promoterGens; k++ {
+		for i := range p.slots {
+			p.slots[i].own[k%promoterGens], p.slots[i].taken[k%promoterGens] = 0, 0
+		}
+	}
+	p.gen, p.least = gen, 0
+}
+
+// leastSlot is a slot of the least total. Within a quarter totals only grow: the least found
+// last is a lower bound, and the search goes on from the slot where it ended.
+func (p *promoter) leastSlot() int {
+	for {
+		low := uint32(math.MaxUint32)
+		for k := range len(p.slots) {
+			j := (p.next + k) % len(p.slots)
+			t := p.slots[j].total()
+			if t <= p.least {
+				p.next = (j + 1) % len(p.slots)
+				return j
+			}
+			low = min(low, t)
+		}
+		p.least = low
+	}
+}
+
+// reset empties the promoter for another plugin and level.
+func (p *promoter) reset() {
+	clear(p.index)
+	p.slots, p.hashes, p.least, p.next, p.gen = p.slots[:0], p.hashes[:0], 0, 0, 0
 }

@@ -43,9 +43,9 @@ func TestMemberIsFirstNameElseAddress(t *testing.T) {
 func TestHittersNameHeavyMembers(t *testing.T) {
 	var h hitters
 	for i := range 1000 {
-		h.add(fmt.Sprintf("c%d.client.example", i), time.Time{})
+		h.add(fmt.Sprintf("c%d.client.example", i))
 		if i%16 == 0 {
-			h.add("db.corp.example", time.Time{})
+			h.add("db.corp.example")
 		}
 	}
 	top := h.top(false)
@@ -60,7 +60,7 @@ func TestHittersNameHeavyMembers(t *testing.T) {
 	}
 	var many hitters
 	for i := range 40 * hitterSlots {
-		many.add(fmt.Sprintf("h%d.%s.example", i%(hitterSlots/2), strings.Repeat("x", 50)), time.Time{})
+		many.add(fmt.Sprintf("h%d.%s.example", i%(hitterSlots/2), strings.Repeat("x", 50)))
 	}
 	if s := many.names(false); len(s) > maxHitters || strings.Count(s, "≥") < 2 {
 		t.Errorf("%d bytes naming %d members, want at most %d", len(s), strings.Count(s, "≥"), maxHitters)
@@ -139,14 +139,14 @@ func TestFailingHostAmongManyClientNamesBecomesItsOwnEvent(t *testing.T) {
 
 // TestHittersCountLinesAndKeepTheirBounds: the summary counts every line,
 // a member new to a full summary takes the least counter with its count as
-// the error, and the sketch bounds a member's lines of the hour, up to 255.
+// the error.
 func TestHittersCountLinesAndKeepTheirBounds(t *testing.T) {
 	var h hitters
 	for i := range hitterSlots {
-		h.add(fmt.Sprintf("c%d.example", i), epoch)
+		h.add(fmt.Sprintf("c%d.example", i))
 	}
-	h.add("new.example", epoch)
-	h.add("", epoch) // a line with no member counts too
+	h.add("new.example")
+	h.add("") // a line with no member counts too
 	if h.lines != hitterSlots+2 {
 		t.Errorf("%d lines counted, want %d", h.lines, hitterSlots+2)
 	}
@@ -155,20 +155,6 @@ func TestHittersCountLinesAndKeepTheirBounds(t *testing.T) {
 			t.Errorf("new member counts %d with error %d, want 2 and 1", s.count, s.err)
 		}
 	}
-	for range 300 {
-		h.add("loud.example", epoch.Add(time.Minute))
-	}
-	if got := h.upperBound("loud.example"); got != 255 {
-		t.Errorf("upper bound %d after 300 lines, want 255", got)
-	}
-	h.add("loud.example", epoch.Add(budgetWindow)) // the sketch's hour began at epoch
-	if got := h.upperBound("loud.example"); got != 1 {
-		t.Errorf("upper bound %d of the line of a new hour, want 1", got)
-	}
-	h.add("loud.example", epoch.Add(budgetWindow+time.Minute))
-	if got := h.upperBound("loud.example"); got != 2 {
-		t.Errorf("upper bound %d of two lines of the hour, want 2", got)
-	}
 }
 
 // TestTopMembersHaveMoreThanTheirShareAndTwoLines: a member is named when
@@ -176,32 +162,32 @@ func TestHittersCountLinesAndKeepTheirBounds(t *testing.T) {
 // first.
 func TestTopMembersHaveMoreThanTheirShareAndTwoLines(t *testing.T) {
 	var h hitters
-	h.add("two.example", epoch)
-	h.add("two.example", epoch)
+	h.add("two.example")
+	h.add("two.example")
 	if top := h.top(false); len(top) != 1 {
 		t.Fatalf("a member of two lines out of two is not named: %+v", top)
 	}
 	for range 2*hitterSlots - 2 {
-		h.add("", epoch)
+		h.add("")
 	}
 	if top := h.top(false); len(top) != 0 {
 		t.Errorf("a member of exactly its share is named: %+v", top)
 	}
 	for range 5 {
-		h.add("five.example", epoch)
+		h.add("five.example")
 	}
 	for range 10 {
-		h.add("ten.example", epoch)
+		h.add("ten.example")
 	}
 	if got := h.names(false); !strings.HasPrefix(got, "most: ten.example ≥10, five.example ≥5") {
 		t.Errorf("names %q, want the most first", got)
 	}
 	var g hitters // the other way round
 	for range 10 {
-		g.add("ten.example", epoch)
+		g.add("ten.example")
 	}
 	for range 5 {
-		g.add("five.example", epoch)
+		g.add("five.example")
 	}
 	if got := g.names(false); got != "most: ten.example ≥10, five.example ≥5" {
 		t.Errorf("names %q, want the most first", got)
@@ -214,7 +200,7 @@ func TestNamesFillExactlyTheirRoom(t *testing.T) {
 	var h hitters
 	for i, m := range []string{strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64), strings.Repeat("d", 32)} {
 		for range 5 - i {
-			h.add(m, epoch)
+			h.add(m)
 		}
 	}
 	if got := h.names(false); len(got) != maxHitters || strings.Count(got, "≥") != 4 {
@@ -229,14 +215,14 @@ func TestNewMemberTakesOverTheSlotOfLeastCount(t *testing.T) {
 	var h hitters
 	for i := range hitterSlots { // m0 has 33 lines, m1 32, ..., m31 2
 		for range hitterSlots + 1 - i {
-			h.add(fmt.Sprintf("m%d.example", i), epoch)
+			h.add(fmt.Sprintf("m%d.example", i))
 		}
 	}
 	for round := range 3 * hitterSlots {
 		least := slices.MinFunc(h.slots, func(a, b hitter) int { return cmp.Compare(a.count, b.count) }).count
 		most := slices.MaxFunc(h.slots, func(a, b hitter) int { return cmp.Compare(a.count, b.count) })
 		name := fmt.Sprintf("new%d.example", round)
-		h.add(name, epoch)
+		h.add(name)
 		kept := map[string]hitter{}
 		for _, s := range h.slots {
 			kept[h.member(s)] = s
@@ -247,5 +233,81 @@ func TestNewMemberTakesOverTheSlotOfLeastCount(t *testing.T) {
 		if s := kept[h.member(most)]; s.count != most.count {
 			t.Fatalf("round %d: the member of most lines lost its slot", round)
 		}
+	}
+}
+
+// promotionRun drives a correlator with noise of fresh names of one shape, one every noiseEvery
+// from noiseFrom, and a host's timeouts, one every hostEvery when hostAt allows, for d, on a fake
+// clock; it returns whether the host was promoted and how many other members were.
+func promotionRun(noiseFrom, noiseEvery, hostEvery, d time.Duration,
+	hostAt func(time.Duration) bool) (bool, int) {
+	c := newCorrelator(defaultCacheSize, func(*entry) {})
+	start := epoch
+	for i := range ownEvents {
+		c.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", start))
+	}
+	const host = "db.corp.example"
+	n, next := 0, time.Duration(0)
+	for at := time.Duration(0); at < d; at += noiseEvery {
+		if at >= noiseFrom {
+			n++
+			c.observe(ln(levelError, "errors", fmt.Sprintf(
+				"2 c%d.client.example. A: read udp 10.0.0.9:30000->192.0.2.53:53: i/o timeout", n), start.Add(at)))
+		}
+		for next <= at {
+			if hostAt == nil || hostAt(next) {
+				c.observe(ln(levelError, "errors", fmt.Sprintf(
+					"2 %s. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout", host, 1024+next/time.Second), start.Add(next)))
+			}
+			next += hostEvery
+		}
+	}
+	promoted, others := false, 0
+	for _, e := range c.cache.values() {
+		switch {
+		case e.key.member == host:
+			promoted = true
+		case e.key.member != "":
+			others++
+		}
+	}
+	return promoted, others
+}
+
+// TestOneLineNamesAreNeverPromoted: a client's fresh names, one line each, at one a second for an
+// hour, make no event of their own: a promotion needs promoteAt lines of the member by an exact
+// lower bound, which noise cannot raise.
+func TestOneLineNamesAreNeverPromoted(t *testing.T) {
+	if _, others := promotionRun(0, time.Second, time.Hour, time.Hour, func(time.Duration) bool { return false }); others != 0 {
+		t.Errorf("%d names of one line each became events of their own", others)
+	}
+}
+
+// TestLinesAcrossTheHourArePromoted: 10 timeouts of a host within 10 minutes, 5 before and 5 after
+// the hour since its combined event's first line, among a client's fresh names, one every 10 s,
+// make it an event of its own: its lines count over a sliding hour, not one that starts over.
+func TestLinesAcrossTheHourArePromoted(t *testing.T) {
+	around := func(at time.Duration) bool { return at >= 85*time.Minute && at < 95*time.Minute }
+	if promoted, _ := promotionRun(30*time.Minute, 10*time.Second, time.Minute, 100*time.Minute,
+		around); !promoted {
+		t.Errorf("a host of 10 lines within 10 minutes, across the hour, is no event of its own")
+	}
+}
+
+// TestPromotionUnderNoiseOfFreshNames measures the promise of promotion under noise: with 100
+// fresh names a second for an hour (360,000 lines of one shape), a host of one timeout every 2 s
+// (1,800 in the hour: more than 1/promoterSlots of the lines of the window, and promoteAt more)
+// becomes an event of its own, and no name of the noise does; with 1 fresh name a second, a host
+// of one timeout a minute does (24 lines: promoteAt + 3,600/promoterSlots).
+func TestPromotionUnderNoiseOfFreshNames(t *testing.T) {
+	if testing.Short() {
+		t.Skip("360,000 lines")
+	}
+	if promoted, others := promotionRun(0, 10*time.Millisecond, 2*time.Second, time.Hour, nil); !promoted || others != 0 {
+		t.Errorf("under 100 names a second: host promoted %t, %d names of the noise promoted", promoted, others)
+	}
+	early := func(at time.Duration) bool { return at < 24*time.Minute }
+	if promoted, others := promotionRun(0, time.Second, time.Minute, time.Hour, early); !promoted || others != 0 {
+		t.Errorf("under 1 name a second: host of 24 lines promoted %t, %d names of the noise promoted", promoted, others)
 	}
 }

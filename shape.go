@@ -2,17 +2,22 @@ package k8s_event
 
 import (
 	"hash/maphash"
+	"strconv"
 	"strings"
+
+	"github.com/miekg/dns"
 )
 
 // Placeholders of the parts of a line that vary between occurrences of one error.
 const (
-	shapeName = "<name>" // a DNS name
-	shapeIP   = "<ip>"   // an IPv4 or IPv6 address, with or without a port
-	shapeNum  = "<n>"    // a number, a port
-	shapeDur  = "<d>"    // a duration: 1.5s, 300ms, 1m30s
-	shapeHex  = "<hex>"  // a hexadecimal identifier or hash: 8 hex digits or more, or 0x...
-	shapeUUID = "<uuid>" // a UUID
+	shapeName = "<name>"  // a DNS name
+	shapeIP   = "<ip>"    // an IPv4 or IPv6 address, with or without a port
+	shapeNum  = "<n>"     // a number, a port
+	shapeDur  = "<d>"     // a duration: 1.5s, 300ms, 1m30s
+	shapeHex  = "<hex>"   // a hexadecimal identifier or hash: 8 hex digits or more, or 0x...
+	shapeUUID = "<uuid>"  // a UUID
+	shapeType = "<type>"  // a query type: A, AAAA, TYPE65280
+	shapeCls  = "<class>" // a query class: IN, CH, CLASS255
 )
 
 // lineShape is the shape of a log line: its text with DNS names, IP addresses (v4, v6, with or
@@ -22,9 +27,11 @@ const (
 //	plugin/errors: 2 a.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout
 //	plugin/errors: 2 b.example.net. AAAA: read udp 10.0.0.5:50112->10.0.0.2:53: i/o timeout
 //
-// have one shape, plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o timeout (the query type
-// stays: it is a word). It works on words separated by spaces, each stripped of the punctuation
-// around it; the shape of a shape is itself. It is only a key: the line's text is never changed.
+// have one shape, plugin/errors: <n> <name>. <type>: read udp <ip>-><ip>: i/o timeout. Every
+// token a DNS client chooses is a placeholder: the name (with any byte CoreDNS prints as it is,
+// '*', '=' and "->" among them), the query type and class. It works on words separated by spaces,
+// each stripped of the punctuation around it; the shape of a shape is itself. It is only a key:
+// the line's text is never changed.
 func lineShape(s string) string {
 	return string(appendShape(make([]byte, 0, len(s)), s, nil))
 }
@@ -71,22 +78,81 @@ func appendShape(b []byte, s string, f *found) []byte {
 			m |= classes[c]
 			continue
 		}
-		if m&shaped == 0 {
+		if m&shaped == 0 && !maybeRR(s[start:i]) {
 			b = append(b, s[start:i+1]...)
 		} else {
 			b = append(appendWord(b, s[start:i], m, f), c)
 		}
 		start, m = i+1, 0
 	}
-	if m&shaped == 0 {
+	if m&shaped == 0 && !maybeRR(s[start:]) {
 		return append(b, s[start:]...)
 	}
 	return appendWord(b, s[start:], m, f)
 }
 
+// maxRRWord is the length of the longest query type or class CoreDNS prints: NSEC3PARAM,
+// CLASS65535.
+const maxRRWord = 10
+
+// maybeRR tells, at the cost of a byte, whether w may be a query type or class, with punctuation.
+func maybeRR(w string) bool {
+	if w != "" && opening[w[0]] { // "HINFO, as the log plugin quotes a question
+		w = w[1:]
+	}
+	return w != "" && w[0] >= 'A' && w[0] <= 'Z' && len(w) <= maxRRWord+2
+}
+
+// rrWords are the query types and classes as CoreDNS prints them, with their placeholders.
+var rrWords = func() map[string]string {
+	words := map[string]string{}
+	for _, s := range dns.ClassToString {
+		words[s] = shapeCls
+	}
+	for _, s := range dns.TypeToString { // ANY is a type and a class: a type
+		words[s] = shapeType
+	}
+	return words
+}()
+
+// rrShape is the placeholder of a query type or class ("A", "TYPE65280", "CLASS3"), or "".
+func rrShape(w string) string {
+	if p, ok := rrWords[w]; ok {
+		return p
+	}
+	shape, n := shapeType, strings.TrimPrefix(w, "TYPE")
+	if len(n) == len(w) {
+		shape, n = shapeCls, strings.TrimPrefix(w, "CLASS")
+	}
+	if len(n) < len(w) && isDigits(n) && len(n) <= 5 {
+		if v, err := strconv.Atoi(n); err == nil && v <= 65535 {
+			return shape
+		}
+	}
+	return ""
+}
+
+// trimClosing is the end of w without the punctuation after it (none escaped).
+func trimClosing(w string) int {
+	end := len(w)
+	for end > 0 && closing[w[end-1]] && (end == 1 || w[end-2] != '\\' || !escaped(w, end-1)) {
+		end--
+	}
+	return end
+}
+
 // appendWord appends the shape of one word, whose classes are m: each side
 // of "->", and the value of key=value, shaped alone.
 func appendWord(b []byte, w string, m charClass, f *found) []byte {
+	if maybeRR(w) && m&(classDot|classEq|classGt) == 0 { // "A", "AAAA:", "IN,": no name can be one
+		start, end := 0, trimClosing(w)
+		if opening[w[0]] {
+			start = 1
+		}
+		if p := rrShape(w[start:max(end, start)]); p != "" {
+			return append(append(append(b, w[:start]...), p...), w[end:]...)
+		}
+	}
 	switch {
 	case m&shaped == 0:
 		return append(b, w...)
@@ -96,6 +162,12 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 		p := shapeOf(w, m)
 		f.saw(p, w)
 		return append(b, p...)
+	}
+	if m&classDot != 0 && m&(classEq|classGt) != 0 { // a query's name may hold them: "a->b.org."
+		if start, end, ok := fqdn(w); ok {
+			f.saw(shapeName, w[start:end])
+			return append(append(append(b, w[:start]...), shapeName...), w[end:]...)
+		}
 	}
 	if m&classGt != 0 && strings.Contains(w, "->") {
 		start, pm := 0, charClass(0)
@@ -117,10 +189,7 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 			return append(b, w...)
 		}
 	}
-	end := len(w)
-	for end > 0 && closing[w[end-1]] && (end == 1 || w[end-2] != '\\' || !escaped(w, end-1)) {
-		end--
-	}
+	end := trimClosing(w)
 	if end < len(w) { // "A:", "failed:": the punctuation alone may have been shaped
 		if m = classOf(w[:end]); m&shaped == 0 {
 			return append(b, w...)
@@ -149,8 +218,27 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 		m = classOf(w[start:end])
 	}
 	p := shapeOf(w[start:end], m)
+	// A query's name, fully qualified, may have a '*' inside a label: "a*b.example."
+	if p != shapeName && end < len(w) && w[end] == '.' && m&classDot != 0 &&
+		isName(w[start:end], m, true) {
+		p = shapeName
+	}
 	f.saw(p, w[start:end])
 	return append(append(append(b, w[:start]...), p...), w[end:]...)
+}
+
+// fqdn finds in w a name as CoreDNS prints a query's, fully qualified, whatever printable bytes its
+// labels hold ('*', '=', '>' among them), with punctuation around it: w[start:end], the final dot
+// after it.
+func fqdn(w string) (start, end int, ok bool) {
+	end = trimClosing(w)
+	for start < end && opening[w[start]] {
+		start++
+	}
+	if end == len(w) || w[end] != '.' || start >= end {
+		return 0, 0, false
+	}
+	return start, end, isName(w[start:end], classOf(w[start:end]), true)
 }
 
 // escaped tells whether w[i] follows a backslash that escapes it: an odd number of them.
@@ -255,7 +343,7 @@ func shapeOf(w string, m charClass) string {
 		return shapeIP
 	case m.only(classDigit|classHexLetter|classX) && isHex(w):
 		return shapeHex
-	case m&classDot != 0 && isName(w, m):
+	case m&classDot != 0 && isName(w, m, false):
 		return shapeName
 	}
 	return w
@@ -380,9 +468,10 @@ func isHex(w string) bool {
 }
 
 // isName: two labels or more of the bytes CoreDNS prints unescaped in a name (printable ASCII but .
-// space ' @ ; ( ) " \, '*' as a whole label only) or of its escapes of the others (\DDD, \. and the
-// like), with a letter or an escape somewhere; no URL. m is the classes of w's bytes.
-func isName(w string, m charClass) bool {
+// space ' @ ; ( ) " \, '*' as a whole label only unless fq) or of its escapes of the others (\DDD,
+// \. and the like), with a letter or an escape somewhere; no URL. m is the classes of w's bytes; fq,
+// that w was followed by the final dot of a query's name, which a Go type (*v1.Pod) has not.
+func isName(w string, m charClass, fq bool) bool {
 	letter, dot, labelLen := false, false, 0
 	for i := 0; i < len(w); i++ {
 		switch c := w[i]; {
@@ -402,7 +491,7 @@ func isName(w string, m charClass) bool {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 			letter = true
 		case c <= ' ' || c > '~' || strings.IndexByte(`'@;()"`, c) >= 0,
-			c == '*' && (labelLen > 0 || i+1 < len(w) && w[i+1] != '.'): // a Go type's *v1.Pod
+			c == '*' && !fq && (labelLen > 0 || i+1 < len(w) && w[i+1] != '.'): // a Go type's *v1.Pod
 			return false
 		}
 		labelLen++

@@ -17,15 +17,15 @@ var shapeTests = []struct {
 }{
 	// errors: a timeout and a refusal from the same upstream are two shapes.
 	{"plugin/errors: 2 a.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout",
-		"plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o timeout"},
+		"plugin/errors: <n> <name>. <type>: read udp <ip>-><ip>: i/o timeout"},
 	{"plugin/errors: 2 b.example.net. AAAA: read udp 10.0.0.5:50112->10.0.0.2:53: i/o timeout",
-		"plugin/errors: <n> <name>. AAAA: read udp <ip>-><ip>: i/o timeout"},
+		"plugin/errors: <n> <name>. <type>: read udp <ip>-><ip>: i/o timeout"},
 	{"plugin/errors: 2 c.example.org. A: read udp 10.0.0.5:41235->10.0.0.3:53: read: connection refused",
-		"plugin/errors: <n> <name>. A: read udp <ip>-><ip>: read: connection refused"},
+		"plugin/errors: <n> <name>. <type>: read udp <ip>-><ip>: read: connection refused"},
 	{"plugin/errors: 2 d.example.org. AAAA: dial udp [2001:db8::53]:53: connect: network is unreachable",
-		"plugin/errors: <n> <name>. AAAA: dial udp <ip>: connect: network is unreachable"},
+		"plugin/errors: <n> <name>. <type>: dial udp <ip>: connect: network is unreachable"},
 	{"plugin/errors: 2 _dmarc.example.com. TXT: dial tcp [fd00::10]:53: i/o timeout",
-		"plugin/errors: <n> <name>. TXT: dial tcp <ip>: i/o timeout"},
+		"plugin/errors: <n> <name>. <type>: dial tcp <ip>: i/o timeout"},
 	// forward
 	{"plugin/forward: no healthy upstream for 10.0.0.2:53 after 3 tries, last error: read udp [::1]:4412->[::1]:53: i/o timeout",
 		"plugin/forward: no healthy upstream for <ip> after <n> tries, last error: read udp <ip>-><ip>: i/o timeout"},
@@ -40,24 +40,33 @@ var shapeTests = []struct {
 	{`plugin/health: Local health request to "http://:8080/health" took more than 1s: 1.234567s`,
 		`plugin/health: Local health request to "http://:8080/health" took more than <d>: <d>`},
 	// cache
-	{"plugin/cache: failed to prefetch a.example.org. A after 250ms", "plugin/cache: failed to prefetch <name>. A after <d>"},
+	{"plugin/cache: failed to prefetch a.example.org. A after 250ms", "plugin/cache: failed to prefetch <name>. <type> after <d>"},
 	// dnssec
 	{"plugin/dnssec: Failed to sign example.org. with key 12345: signature expired", "plugin/dnssec: Failed to sign <name>. with key <n>: signature expired"},
 	// loop
 	{`plugin/loop: Loop (127.0.0.1:53 -> :53) detected for zone ".", see https://coredns.io/plugins/loop#troubleshooting. Query: "HINFO 4547991504243258144.3688648895315093531."`,
-		`plugin/loop: Loop (<ip> -> :<n>) detected for zone ".", see https://coredns.io/plugins/loop#troubleshooting. Query: "HINFO <n>."`},
+		`plugin/loop: Loop (<ip> -> :<n>) detected for zone ".", see https://coredns.io/plugins/loop#troubleshooting. Query: "<type> <n>."`},
 	// names as CoreDNS prints them, with escapes of the bytes that are not letters, digits, '-' or '_'
 	{`plugin/errors: 2 a\001b.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout`,
-		"plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o timeout"},
-	{`plugin/errors: 2 a\.b\@c\255.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. A: i/o timeout"},
-	{`plugin/errors: 2 a\ b.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. A: i/o timeout"},
-	{`plugin/errors: 2 a\\.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. A: i/o timeout"},
-	{`plugin/errors: 2 ab\.. A: i/o timeout`, "plugin/errors: <n> <name>. A: i/o timeout"},
-	{"plugin/errors: 2 " + escapedName + " A: i/o timeout", "plugin/errors: <n> <name>. A: i/o timeout"},
+		"plugin/errors: <n> <name>. <type>: read udp <ip>-><ip>: i/o timeout"},
+	{`plugin/errors: 2 a\.b\@c\255.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. <type>: i/o timeout"},
+	{`plugin/errors: 2 a\ b.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. <type>: i/o timeout"},
+	{`plugin/errors: 2 a\\.example.org. A: i/o timeout`, "plugin/errors: <n> <name>. <type>: i/o timeout"},
+	{`plugin/errors: 2 ab\.. A: i/o timeout`, "plugin/errors: <n> <name>. <type>: i/o timeout"},
+	{"plugin/errors: 2 " + escapedName + " A: i/o timeout", "plugin/errors: <n> <name>. <type>: i/o timeout"},
 	{`not escapes: a\1.example.org a\`, `not escapes: a\1.example.org a\`},
 	// identifiers
 	{"request 0x1f2e id=42 uuid 123e4567-e89b-12d3-a456-426614174000 took 1m30s", "request <hex> id=<n> uuid <uuid> took <d>"},
 	{"deadbeef accepted 12ab34cd", "deadbeef accepted <hex>"},
+	// every token a client chooses: type, class, and any byte CoreDNS prints as it is in a label
+	{"plugin/errors: 2 a.example. TYPE65280: i/o timeout", "plugin/errors: <n> <name>. <type>: i/o timeout"},
+	{"plugin/log: [INFO] 10.0.0.9:53 - 7 \"NSEC3PARAM CLASS255 a.example. udp\"",
+		"plugin/log: [INFO] <ip> - <n> \"<type> <class> <name>. udp\""},
+	{"plugin/log: \"A IN b.example. udp\" NOERROR", "plugin/log: \"<type> <class> <name>. udp\" NOERROR"},
+	{"plugin/errors: 2 a*b.example. A: i/o timeout", "plugin/errors: <n> <name>. <type>: i/o timeout"},
+	{"plugin/errors: 2 x=y.example. A: i/o timeout", "plugin/errors: <n> <name>. <type>: i/o timeout"},
+	{"plugin/errors: 2 a->b.example. A: i/o timeout", "plugin/errors: <n> <name>. <type>: i/o timeout"},
+	{"failed to list *v1.Pod: TYPEZ CLASS65536 id=7", "failed to list *v1.Pod: TYPEZ CLASS65536 id=<n>"},
 	{"", ""},
 }
 
@@ -205,8 +214,8 @@ func TestCombinedByShape(t *testing.T) {
 		}
 	}
 	want := map[string]int32{
-		"plugin/errors: <n> <name>. A: read udp <ip>-><ip>: i/o timeout":                 200,
-		"plugin/errors: <n> <name>. AAAA: read udp <ip>-><ip>: read: connection refused": 200,
+		"plugin/errors: <n> <name>. <type>: read udp <ip>-><ip>: i/o timeout":              200,
+		"plugin/errors: <n> <name>. <type>: read udp <ip>-><ip>: read: connection refused": 200,
 	}
 	if !reflect.DeepEqual(perShape, want) {
 		t.Errorf("counts by shape %v, want %v", perShape, want)
@@ -215,6 +224,49 @@ func TestCombinedByShape(t *testing.T) {
 		t.Errorf("%d events, %d combined; want %d of their own and one combined per shape", n, combined, ownEvents)
 	}
 	checkLedger(t, api, before, 400)
+}
+
+// TestClientChosenTokensMakeOneShape: a client that picks, for each query, a query type never used
+// before (printed TYPEnnn), a class, or a name with '*', '=' or "->" inside a label gets one shape
+// for all of them; the event keeps the concrete line, so a failure of one type stays visible.
+func TestClientChosenTokensMakeOneShape(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 1000, 1000, 4096))
+	for i := range ownEvents {
+		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", clk.Now()))
+	}
+	var lines []string
+	for i := range 40 {
+		lines = append(lines,
+			fmt.Sprintf("2 q.example. TYPE%d: read udp 10.0.0.5:40000->10.0.0.2:53: i/o timeout", 65280+i),
+			fmt.Sprintf("2 a*%d.example. A: read udp 10.0.0.5:40000->10.0.0.2:53: i/o timeout", i),
+			fmt.Sprintf("2 k%d=v.example. A: read udp 10.0.0.5:40000->10.0.0.2:53: i/o timeout", i),
+			fmt.Sprintf("2 a%d->b.example. AAAA: read udp 10.0.0.5:40000->10.0.0.2:53: i/o timeout", i))
+	}
+	for _, l := range lines {
+		h.observe(ln(levelError, "errors", l, clk.Now()))
+	}
+	drain(h)
+	shapes := map[string]bool{}
+	for _, e := range h.s.corr.cache.values() {
+		if e.key.combined() {
+			shapes[lineShape(strings.TrimPrefix(e.message, e.key.plugin))] = true
+		}
+	}
+	if len(shapes) != 1 {
+		t.Errorf("%d shapes of one error for a client's tokens, want 1: %v", len(shapes), shapes)
+	}
+	types := 0
+	for _, ev := range combinedOf(api.list()) {
+		if strings.Contains(ev.Message, "<") {
+			t.Errorf("combined event says %q, not a concrete line", ev.Message)
+		}
+		if strings.Contains(ev.Message, " TYPE65") {
+			types++
+		}
+	}
+	if types == 0 {
+		t.Errorf("no event shows a line of a query type, though one was the latest of its shape")
+	}
 }
 
 // TestShapesAreBounded: a plugin whose lines have ever new shapes makes at

@@ -31,6 +31,9 @@
 #                                collector, Prometheus or kubeadm
 #   hack/tools.sh dnsperf        install Debian's dnsperf when it is missing
 #   hack/tools.sh helm           build helm, then print its path
+#   hack/tools.sh krew           build krew and its validate-krew-manifest
+#                                from tools/krew/go.mod, then print KREW= and
+#                                VALIDATE_KREW_MANIFEST=
 #   hack/tools.sh clean          remove the cache
 set -euo pipefail
 
@@ -190,6 +193,18 @@ install_helm() {
 	build helm "$v" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$v" "$tools_mod/helm"
 }
 
+# install_krew builds krew and validate-krew-manifest, which check the
+# kubectl plugin's krew manifest and archives (krew keeps its validation in
+# an internal package: its own command is the way in).
+install_krew() {
+	local v mod="$tools_mod/krew"
+	v=$(module_version sigs.k8s.io/krew "$mod")
+	local vflags="-X sigs.k8s.io/krew/internal/version.gitTag=$v"
+	KREW=$(build krew "$v" sigs.k8s.io/krew/cmd/krew "$vflags" "$mod")
+	VALIDATE_KREW_MANIFEST=$(build validate-krew-manifest "$v" sigs.k8s.io/krew/cmd/validate-krew-manifest "$vflags" "$mod")
+	printf "KREW=%q\nVALIDATE_KREW_MANIFEST=%q\n" "$KREW" "$VALIDATE_KREW_MANIFEST"
+}
+
 print_env() {
 	printf "KUBE_APISERVER=%q\nETCD=%q\nKUBECTL=%q\n" "$KUBE_APISERVER" "$ETCD" "$KUBECTL"
 	if [[ -n ${OTELCOL:-} ]]; then printf "OTELCOL=%q\n" "$OTELCOL"; fi
@@ -227,11 +242,14 @@ dnsperf)
 helm)
 	install_helm
 	;;
+krew)
+	install_krew
+	;;
 clean)
 	rm -rf "$cache"
 	;;
 *)
-	echo "usage: $0 [install|node|env [node]|demo-env [node]|dnsperf|helm|clean]" >&2
+	echo "usage: $0 [install|node|env [node]|demo-env [node]|dnsperf|helm|krew|clean]" >&2
 	exit 2
 	;;
 esac

@@ -1,8 +1,9 @@
 // Command demo shows k8s_event at work on a local Kubernetes.
 //
-// Where a node can run (Linux, as root), it starts etcd, kube-apiserver,
-// containerd, a kubelet, kube-proxy, the controller manager and the
-// scheduler, installs CoreDNS as the cluster's DNS from the image through
+// Where a node can run (Linux, as root), it starts an image registry on
+// loopback, etcd, kube-apiserver, containerd, a kubelet, kube-proxy, the
+// controller manager and the scheduler, pushes the image to the registry,
+// installs CoreDNS as the cluster's DNS from it (the node pulls it) through
 // deploy/k8s_event, shows the kube-dns Service's endpoints (the pods' own
 // addresses), makes CoreDNS log by asking that Service's ClusterIP, and
 // shows `kubectl describe pod` of a live CoreDNS pod.

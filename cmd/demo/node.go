@@ -39,14 +39,21 @@ fail.test:53 {
 // runNode is the demo on a real node: CoreDNS as the cluster's DNS, from
 // its image, installed through the overlay.
 func runNode(ctx context.Context, archive, ref, deploy string) error {
-	step("starting etcd, kube-apiserver, containerd, kubelet, kube-proxy, controller manager and scheduler")
+	step("starting an image registry on loopback, etcd, kube-apiserver, containerd, kubelet, kube-proxy,\n" +
+		"    controller manager and scheduler; pushing the image to the registry")
 	start := time.Now()
+	defer cluster.StopSharedRegistry()
 	kube, err := cluster.New(ctx, cluster.Options{Node: &cluster.NodeOptions{Images: []string{archive}, PodNetwork: true}})
 	if err != nil {
 		return err
 	}
 	defer kube.Stop()
 	fmt.Printf("  node %s Ready in %v\n", kube.NodeName, time.Since(start).Round(100*time.Millisecond))
+	// The node pulls the image from the registry, as a cluster's nodes do.
+	if pushed, ok := kube.Image(archive); ok {
+		fmt.Printf("  %s pushed as %s\n  (%s)\n", ref, pushed.Tag, pushed.Digest)
+		ref = pushed.Tag
+	}
 
 	if err := applyDNS(ctx, kube, deploy, ref); err != nil {
 		return err

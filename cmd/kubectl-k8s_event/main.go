@@ -1,10 +1,12 @@
 // Command kubectl-k8s_event adds k8s_event to the CoreDNS a cluster runs,
-// and takes it out again. On the PATH, kubectl runs it as
-// `kubectl k8s-event`:
+// and takes it out again. Installed as kubectl-coredns_k8s_event (krew's
+// plugin coredns-k8s-event, or `make plugin`), kubectl runs it as
+// `kubectl coredns-k8s-event` (see docs/release.md for the name):
 //
-//	kubectl k8s-event install --image IMAGE [--dry-run]
-//	kubectl k8s-event uninstall [--dry-run]
-//	kubectl k8s-event status
+//	kubectl coredns-k8s-event install --image IMAGE [--dry-run]
+//	kubectl coredns-k8s-event uninstall [--dry-run]
+//	kubectl coredns-k8s-event status
+//	kubectl coredns-k8s-event version
 //
 // It changes only what k8s_event needs (see internal/install) and waits
 // until the Deployment has rolled out.
@@ -28,7 +30,7 @@ import (
 	"github.com/dnsops/k8s_event/internal/install"
 )
 
-const usage = `Usage: kubectl k8s-event install|uninstall|status [flags]
+const usage = `Usage: kubectl coredns-k8s-event install|uninstall|status|version [flags]
 
   install     run the CoreDNS Deployment with k8s_event: its image, the
               downward-API variables, its Corefile with kubeapi and k8s_event
@@ -38,6 +40,7 @@ const usage = `Usage: kubectl k8s-event install|uninstall|status [flags]
               remove the Role and RoleBinding
   status      say whether k8s_event is installed, and what keeps it from
               working
+  version     print the version of this program
 
 Run install again after editing your Corefile's ConfigMap: the pods roll to
 the new one.
@@ -102,13 +105,13 @@ func exitCode(err error, stderr io.Writer) int {
 		code = exitUsage
 	}
 	if msg := err.Error(); msg != "" {
-		fmt.Fprintln(stderr, "kubectl k8s-event:", msg)
+		fmt.Fprintln(stderr, name+":", msg)
 	}
 	return code
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kubectl k8s-event", flag.ContinueOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
@@ -121,22 +124,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&kubecontext, "context", "", "the kubeconfig context")
 	fs.StringVar(&o.Namespace, "namespace", "kube-system", "the namespace of CoreDNS")
 	fs.StringVar(&o.Namespace, "n", "kube-system", "short for --namespace")
-	fs.StringVar(&o.Deployment, "deployment", "", "the CoreDNS Deployment (default: the one labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns)")
+	var workload string
+	fs.StringVar(&workload, "workload", "", "what runs CoreDNS, as KIND/NAME: deployment/NAME (daemonset/NAME is named and refused, with the way that works) (default: the Deployment labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns)")
+	fs.StringVar(&o.Deployment, "deployment", "", "the CoreDNS Deployment: --workload deployment/NAME")
 	fs.StringVar(&o.Container, "container", "", "the CoreDNS container (default: coredns, or the only one)")
 	fs.StringVar(&o.Image, "image", "", "install: the CoreDNS image with k8s_event, on the CoreDNS release the Deployment runs (when not given, install names that release and how to build its image)")
 	fs.Var(&options, "option", "install: a line of the k8s_event block, e.g. 'level info warning error' (repeatable; default: none, the plugin's defaults)")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print what would change, change nothing")
 	fs.DurationVar(&o.Wait, "timeout", 5*time.Minute, "how long to wait for the rollout before putting back what was changed (0: do not wait)")
 	fs.DurationVar(&o.Settle, "settle", 20*time.Second, "how long the new pods must stay Ready without a restart before the rollout counts as done (the Deployment's minReadySeconds when longer)")
-	fs.BoolVar(&o.Force, "force", false, "go on where another owner keeps CoreDNS (addon manager, helm, Argo CD, Flux, k3s, a server-side applier), where the Corefile's ConfigMap has keys another controller rewrites, where --timeout 0 could take Ready pods below their count, or where --image runs another CoreDNS release")
+	fs.BoolVar(&o.Force, "force", false, "go on where another owner keeps CoreDNS (helm, Argo CD, Flux, k3s, a server-side applier; not a refused layout), where the Corefile's ConfigMap has keys another controller rewrites, where --timeout 0 could take Ready pods below their count, or where --image runs another CoreDNS release")
 	var output string
 	fs.StringVar(&output, "o", "", "output format: json (default: text)")
 	fs.StringVar(&output, "output", "", "output format: json (default: text)")
 
 	usageErr := func(err error) error { return &exitError{exitUsage, err} }
+	if len(args) > 0 && args[0] == "version" {
+		return printVersion(args[1:], stdout, usageErr)
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fs.Usage()
-		return usageErr(errors.New("name a command: install, uninstall or status"))
+		return usageErr(errors.New("name a command: install, uninstall, status or version"))
 	}
 	cmd := args[0]
 	if err := fs.Parse(args[1:]); err != nil {
@@ -144,6 +152,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return usageErr(fmt.Errorf("%s: unexpected arguments %q", cmd, fs.Args()))
+	}
+	if err := setWorkload(&o, workload); err != nil {
+		return usageErr(err)
 	}
 	if o.Settle < 0 {
 		return usageErr(fmt.Errorf("--settle %v: must not be negative", o.Settle))
@@ -168,9 +179,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	default:
 		fs.Usage()
-		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall or status", cmd))
+		return usageErr(fmt.Errorf("unknown command %q: want install, uninstall, status or version", cmd))
 	}
 	return dispatch(ctx, cmd, kubeconfig, kubecontext, o)
+}
+
+// setWorkload sets o's workload from --workload KIND/NAME, which
+// --deployment NAME must not contradict.
+func setWorkload(o *install.Options, workload string) error {
+	if workload == "" {
+		return nil
+	}
+	kind, name, ok := strings.Cut(workload, "/")
+	if !ok || name == "" {
+		return fmt.Errorf("--workload %q: want KIND/NAME, such as deployment/coredns", workload)
+	}
+	switch strings.ToLower(kind) {
+	case "deployment", "deployments", "deploy":
+		kind = "Deployment"
+	case "daemonset", "daemonsets", "ds":
+		kind = "DaemonSet"
+	default:
+		return fmt.Errorf("--workload %q: kind %q: want deployment or daemonset", workload, kind)
+	}
+	if o.Deployment != "" && (o.Deployment != name || kind != "Deployment") {
+		return fmt.Errorf("--workload %q and --deployment %q name different workloads: give one", workload, o.Deployment)
+	}
+	o.Kind, o.Deployment = kind, name
+	return nil
 }
 
 // dispatch runs cmd against the cluster that kubeconfig and kubecontext

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/dnsops/k8s_event/internal/install"
@@ -52,5 +53,52 @@ func TestInstallWithoutImageIsUsage(t *testing.T) {
 	err := fmt.Errorf("%w: deployment kube-system/coredns runs CoreDNS 1.13.1", install.ErrNoImage)
 	if code := exitCode(err, io.Discard); code != exitUsage {
 		t.Errorf("exit %d, want %d", code, exitUsage)
+	}
+}
+
+// --workload KIND/NAME names what runs CoreDNS; --deployment NAME is its
+// alias for a Deployment, and the two must not contradict each other.
+func TestWorkloadFlag(t *testing.T) {
+	for _, tc := range []struct {
+		workload, deployment string
+		kind, name, err      string
+	}{
+		{"", "coredns", "", "coredns", ""},
+		{"deployment/coredns", "", "Deployment", "coredns", ""},
+		{"deploy/coredns", "coredns", "Deployment", "coredns", ""},
+		{"daemonset/node-local-dns", "", "DaemonSet", "node-local-dns", ""},
+		{"ds/coredns", "coredns", "", "", "name different workloads"},
+		{"deployment/a", "b", "", "", "name different workloads"},
+		{"statefulset/coredns", "", "", "", `kind "statefulset"`},
+		{"coredns", "", "", "", "want KIND/NAME"},
+	} {
+		o := install.Options{Deployment: tc.deployment}
+		err := setWorkload(&o, tc.workload)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("--workload %q --deployment %q: %v, want %q", tc.workload, tc.deployment, err, tc.err)
+		case tc.err == "" && (err != nil || o.Kind != tc.kind || o.Deployment != tc.name):
+			t.Errorf("--workload %q --deployment %q: %v, kind %q name %q", tc.workload, tc.deployment, err, o.Kind, o.Deployment)
+		}
+	}
+	var out, stderr bytes.Buffer
+	if code := exitCode(run(context.Background(), []string{"status", "--workload", "coredns"}, &out, &stderr), &stderr); code != exitUsage {
+		t.Errorf("--workload without a kind: exit %d, want %d", code, exitUsage)
+	}
+}
+
+// version prints the program's name as kubectl runs it and its version,
+// and takes no argument.
+func TestVersion(t *testing.T) {
+	var out, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"version"}, &out, &stderr); err != nil {
+		t.Fatalf("version: %v", err)
+	}
+	if got, want := out.String(), "kubectl coredns-k8s-event devel\n"; got != want {
+		t.Errorf("version printed %q, want %q (a test binary has no version linked in)", got, want)
+	}
+	err := run(context.Background(), []string{"version", "extra"}, &out, &stderr)
+	if code := exitCode(err, &stderr); code != exitUsage {
+		t.Errorf("version extra: exit %d (%v), want %d", code, err, exitUsage)
 	}
 }

@@ -76,6 +76,7 @@ type Cluster struct {
 
 	kubectl   string
 	server    string
+	etcdURL   string
 	caPEM     []byte
 	etcd      *Process
 	apiserver *Process
@@ -262,6 +263,7 @@ func (c *Cluster) startEtcd(ctx context.Context, bin string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	c.etcdURL = clientURL
 	err = c.poll(ctx, c.etcd, func(ctx context.Context) error {
 		body, err := HTTPGet(ctx, clientURL+"/health")
 		if err == nil && !strings.Contains(body, `"health":"true"`) {
@@ -430,6 +432,17 @@ func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, ns, name string)
 func (c *Cluster) MetricsText(ctx context.Context) (string, error) {
 	b, err := c.Clientset.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	return string(b), err
+}
+
+// EtcdMetricsText returns etcd's /metrics in the Prometheus text format.
+func (c *Cluster) EtcdMetricsText(ctx context.Context) (string, error) {
+	return HTTPGet(ctx, c.etcdURL+"/metrics")
+}
+
+// ControlPlanePIDs returns the process IDs of kube-apiserver and etcd, to
+// read what CPU they used.
+func (c *Cluster) ControlPlanePIDs() (apiserver, etcd int) {
+	return c.apiserver.Pid(), c.etcd.Pid()
 }
 
 // HTTPGet returns the body of url, or an error when the status is not 200.

@@ -10,8 +10,8 @@ import (
 
 // loopbackKustomization holds what only a node on loopback needs, never
 // part of what users apply: the pods reach the API only with hostNetwork
-// and the API server's loopback address; the image is imported, never
-// pulled; and with hostNetwork every container port is a host port, which
+// and the API server's loopback address; and with hostNetwork every
+// container port is a host port, which
 // would keep two replicas off one node, so the ports go (CoreDNS binds its
 // sockets with SO_REUSEPORT) and the probes name port numbers.
 const loopbackKustomization = `# Written by the cluster package for a node on loopback; not for users.
@@ -26,9 +26,6 @@ patches:
     - op: add
       path: /spec/template/spec/hostNetwork
       value: true
-    - op: replace
-      path: /spec/template/spec/containers/0/imagePullPolicy
-      value: Never
     - op: remove
       path: /spec/template/spec/containers/0/ports
     - op: replace
@@ -57,7 +54,7 @@ patches:
 
 // podNetworkKustomization sets the image, which a cluster also does, and
 // nothing else: on a node with a pod network the stock objects run as
-// they are, and the image, imported, is present.
+// they are, and the node pulls the image from its registry.
 const podNetworkKustomization = `# Written by the cluster package for its node; not for users.
 resources:
 - %[1]s
@@ -68,11 +65,11 @@ images:
 `
 
 // WriteNodeKustomization writes into dir a kustomization that applies
-// base (a directory, e.g. deploy/k8s_event) with the imported image (a
+// base (a directory, e.g. deploy/k8s_event) with the node's image (a
 // full reference with a tag, e.g. localhost/NAME:TAG, whatever image base
 // names), and on a node without a pod network what CoreDNS needs there:
-// hostNetwork, the API server's loopback address, the image never pulled,
-// and no host ports. Apply it with `kubectl apply -k dir`.
+// hostNetwork, the API server's loopback address and no host ports.
+// Apply it with `kubectl apply -k dir`.
 func (c *Cluster) WriteNodeKustomization(dir, base, image string) error {
 	if i := strings.LastIndexAny(image, ":@"); i < 0 || i < strings.LastIndex(image, "/") || strings.ContainsAny(image, " \n\"") {
 		return fmt.Errorf("image %q: want a reference with a tag or digest, e.g. localhost/NAME:TAG", image)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,13 +39,17 @@ type NodeOptions struct {
 	// reach the API and the kube-dns Service (DNSServiceIP) as in a
 	// cluster; the host reaches both through kube-proxy's rules.
 	PodNetwork bool
-	// Images are image archives (docker-archive or OCI layout, as `make
-	// image` writes) that are imported into the node's containerd, each
-	// under the name its archive gives (image.Ref reads it from an OCI
-	// layout). Of a multi-platform index, containerd imports and unpacks
-	// the node's platform only. Pods using them need imagePullPolicy:
-	// Never or IfNotPresent.
+	// Images are image archives (OCI layouts, as `make image` writes)
+	// that are pushed to Registry, each under its own repository and tag
+	// (Cluster.Image says where), for the node's containerd to pull when
+	// a Pod asks, by tag or by digest, as a cluster's nodes pull: from
+	// the Registry by its address (plain HTTP, set in a hosts.toml), and
+	// under the name the archive gives (image.Ref) from the Registry as
+	// the mirror of that name's registry. Of a multi-platform index,
+	// containerd pulls the node's platform only.
 	Images []string
+	// Registry is where Images go; nil: the process's SharedRegistry.
+	Registry *Registry
 	// SyncFrequency is the kubelet's syncFrequency, which bounds how soon
 	// an edited ConfigMap reaches a pod's volume; 10s when zero.
 	SyncFrequency time.Duration
@@ -64,6 +69,7 @@ type node struct {
 	containerd, kubelet, kcm, scheduler, proxy *Process
 	machine                                    *machine
 	lock                                       *os.File // held while the node runs
+	registry                                   *Registry
 }
 
 type nodeBinaries struct {
@@ -181,10 +187,14 @@ func (c *Cluster) startNode(ctx context.Context, opts *NodeOptions, certs *pki) 
 	if err := c.startControllers(certs); err != nil {
 		return err
 	}
-	if err := n.startContainerd(ctx, c); err != nil {
+	mirrored, err := n.pushImages(ctx, opts)
+	if err != nil {
 		return err
 	}
-	if err := n.importImages(ctx, opts.Images); err != nil {
+	if err := n.startContainerd(ctx, c, mirrored); err != nil {
+		return err
+	}
+	if err := n.importPause(ctx); err != nil {
 		return err
 	}
 	if err := c.startKubelet(ctx, opts, certs); err != nil {
@@ -279,6 +289,8 @@ state = %[2]q
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = %[6]q
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = %[11]q
 
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
@@ -301,7 +313,35 @@ state = %[2]q
 const cniLoopback = `{"cniVersion": "1.0.0", "name": "loopback", "type": "loopback"}
 `
 
-func (n *node) startContainerd(ctx context.Context, c *Cluster) error {
+// registryHosts is the hosts.toml of the node's registry, plain HTTP on
+// loopback, and of each registry that it mirrors.
+const registryHosts = `server = %[1]q
+
+[host."http://%[2]s"]
+  capabilities = ["pull", "resolve"]
+`
+
+// writeRegistryHosts writes containerd's registry configuration (its
+// config_path) into dir: the node's registry over plain HTTP, and the
+// mirror of each registry in mirrored.
+func (n *node) writeRegistryHosts(dir string, mirrored []string) error {
+	for _, host := range append([]string{n.registry.Host}, mirrored...) {
+		server := "https://" + host
+		if host == n.registry.Host {
+			server = "http://" + host
+		}
+		if err := os.MkdirAll(filepath.Join(dir, host), 0o755); err != nil {
+			return err
+		}
+		hosts := fmt.Sprintf(registryHosts, server, n.registry.Host)
+		if err := os.WriteFile(filepath.Join(dir, host, "hosts.toml"), []byte(hosts), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n *node) startContainerd(ctx context.Context, c *Cluster, mirrored []string) error {
 	dir := filepath.Join(n.dir, "containerd")
 	cniConf := filepath.Join(dir, "net.d")
 	if err := os.MkdirAll(cniConf, 0o755); err != nil {
@@ -310,9 +350,13 @@ func (n *node) startContainerd(ctx context.Context, c *Cluster) error {
 	if err := n.writeCNIConfig(cniConf); err != nil {
 		return err
 	}
+	certsDir := filepath.Join(dir, "certs.d")
+	if err := n.writeRegistryHosts(certsDir, mirrored); err != nil {
+		return err
+	}
 	config := fmt.Sprintf(containerdConfig,
 		filepath.Join(dir, "root"), filepath.Join(dir, "state"), n.socket, n.socket+".ttrpc",
-		filepath.Join(dir, "opt"), PauseImage, cniBinDir, cniConf, n.bins.runc, filepath.Join(dir, "runc"))
+		filepath.Join(dir, "opt"), PauseImage, cniBinDir, cniConf, n.bins.runc, filepath.Join(dir, "runc"), certsDir)
 	configPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return err
@@ -342,18 +386,40 @@ func (n *node) ctr(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// importImages makes the pause image and imports it with the archives.
-func (n *node) importImages(ctx context.Context, archives []string) error {
+// pushImages pushes the archives of opts.Images to the node's registry and
+// returns the registries their names give (e.g. localhost,
+// registry.k8s.io), which the registry mirrors for the node.
+func (n *node) pushImages(ctx context.Context, opts *NodeOptions) ([]string, error) {
+	n.registry = opts.Registry
+	if n.registry == nil {
+		var err error
+		if n.registry, err = SharedRegistry(ctx); err != nil {
+			return nil, err
+		}
+	}
+	var mirrored []string
+	for _, a := range opts.Images {
+		p, err := n.registry.Push(ctx, a)
+		if err != nil {
+			return nil, err
+		}
+		host, _, _ := strings.Cut(p.Name, "/")
+		if !slices.Contains(mirrored, host) && host != n.registry.Host {
+			mirrored = append(mirrored, host)
+		}
+	}
+	return mirrored, nil
+}
+
+// importPause makes the pause image and imports it: the node's sandbox
+// image is there before any pod, as a node's is.
+func (n *node) importPause(ctx context.Context) error {
 	pause, err := n.pauseArchive(ctx)
 	if err != nil {
 		return err
 	}
-	for _, a := range append([]string{pause}, archives...) {
-		if _, err := n.ctr(ctx, "images", "import", a); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err = n.ctr(ctx, "images", "import", pause)
+	return err
 }
 
 // pauseArchive builds ./pause statically and packs it as PauseImage.
@@ -384,7 +450,7 @@ func (n *node) pauseArchive(ctx context.Context) (string, error) {
 // kubeletConfig is the kubelet's configuration: it serves on loopback,
 // trusts the cluster's CA and asks the API server who may do what, uses
 // the cgroupfs driver on cgroup v1, leaves iptables and OOM scores alone,
-// never garbage-collects images (none can be pulled again) and keeps its
+// never garbage-collects images (the pause image cannot be pulled) and keeps its
 // files under the node's directory where it lets itself be told.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration

@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -21,6 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+
+	"github.com/dnsops/k8s_event/internal/image"
 )
 
 // machineView is what a node may change on the machine, as text, so that
@@ -84,16 +88,48 @@ func TestNode(t *testing.T) {
 		fmt.Fprintf(os.Stderr, "SKIP TestNode: %v\n", err)
 		t.Skip(err)
 	}
-	t.Run("host network", func(t *testing.T) { testNode(t, false) })
-	t.Run("pod network", func(t *testing.T) { testNode(t, true) })
+	archive := sleepArchive(t)
+	t.Run("host network", func(t *testing.T) { testNode(t, archive, false) })
+	t.Run("pod network", func(t *testing.T) { testNode(t, archive, true) })
 }
 
-func testNode(t *testing.T, podNetwork bool) {
-	before := machineView(t)
-	start := time.Now()
-	c, err := New(t.Context(), Options{Node: &NodeOptions{PodNetwork: podNetwork}})
+// sleepArchive is the archive of an image of the pause program, named
+// localhost/k8s-event-sleep:1, for the node to pull.
+func sleepArchive(t *testing.T) string {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sleep")
+	build := exec.CommandContext(t.Context(), "go", "build", "-trimpath", "-o", bin, "github.com/dnsops/k8s_event/internal/cluster/pause")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the pause program: %v\n%s", err, out)
+	}
+	archive := filepath.Join(dir, "sleep.tar")
+	f, err := os.Create(archive)
 	if err != nil {
 		t.Fatal(err)
+	}
+	defer f.Close()
+	err = image.Write(f, "localhost/k8s-event-sleep:1", image.Options{
+		Binaries:   []image.Binary{{Platform: "linux/" + runtime.GOARCH, Path: bin}},
+		Entrypoint: "/pause",
+		Created:    time.Unix(0, 0),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return archive
+}
+
+func testNode(t *testing.T, archive string, podNetwork bool) {
+	before := machineView(t)
+	start := time.Now()
+	c, err := New(t.Context(), Options{Node: &NodeOptions{PodNetwork: podNetwork, Images: []string{archive}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushed, ok := c.Image(archive)
+	if !ok || !strings.HasPrefix(pushed.Tag, c.node.registry.Host+"/k8s-event-sleep:1") || !strings.Contains(pushed.Digest, "@sha256:") {
+		t.Fatalf("the node's registry holds %+v, want %s by tag and by digest", pushed, archive)
 	}
 	t.Logf("control plane and node Ready in %v", time.Since(start).Round(time.Millisecond))
 	stopped := false
@@ -109,11 +145,14 @@ func testNode(t *testing.T, podNetwork bool) {
 		Spec: corev1.PodSpec{
 			HostNetwork:                   !podNetwork,
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
-			Containers: []corev1.Container{{
-				Name:            "pause",
-				Image:           PauseImage,
-				ImagePullPolicy: corev1.PullNever,
-			}},
+			// The node pulls each (Always: it asks the registry even
+			// for an image it has) from its registry, by tag, by digest,
+			// and by the archive's own name through the mirror.
+			Containers: []corev1.Container{
+				{Name: "by-tag", Image: pushed.Tag, ImagePullPolicy: corev1.PullAlways},
+				{Name: "by-digest", Image: pushed.Digest, ImagePullPolicy: corev1.PullAlways},
+				{Name: "mirrored", Image: pushed.Name, ImagePullPolicy: corev1.PullAlways},
+			},
 		},
 	}
 	// The controller manager makes the namespace's ServiceAccount soon
@@ -135,6 +174,7 @@ func testNode(t *testing.T, podNetwork bool) {
 		t.Fatalf("pod not running: %v\n%s\n--- kubelet ---\n%s", err, out, c.KubeletLog(40))
 	}
 	t.Logf("pod Running %v after it was created", time.Since(start).Round(time.Millisecond))
+	checkPulled(t, c, pushed)
 	if podNetwork {
 		checkPodNetwork(t, c)
 	}
@@ -149,6 +189,24 @@ func testNode(t *testing.T, podNetwork bool) {
 	}
 	if after := machineView(t); after != before {
 		t.Errorf("the machine changed:\n--- before ---\n%s\n--- after ---\n%s", before, after)
+	}
+}
+
+// checkPulled checks that the pause pod's containers run the pushed image:
+// their image IDs are its digest.
+func checkPulled(t *testing.T, c *Cluster, pushed Pushed) {
+	p, err := c.Clientset.CoreV1().Pods("default").Get(t.Context(), "pause", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, digest, _ := strings.Cut(pushed.Digest, "@")
+	if len(p.Status.ContainerStatuses) != 3 {
+		t.Errorf("%d container statuses, want 3", len(p.Status.ContainerStatuses))
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if !strings.HasSuffix(s.ImageID, "@"+digest) {
+			t.Errorf("container %s runs %s (%s), want the pushed image %s", s.Name, s.Image, s.ImageID, digest)
+		}
 	}
 }
 

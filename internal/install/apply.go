@@ -72,6 +72,9 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 	}
 	if p.patch == nil {
 		r.change(Change{Action: "keep", Kind: "deployment", Name: ns + "/" + d.Name, Detail: "has k8s_event already"}, fmt.Sprintf("deployment %s/%s has k8s_event already", ns, d.Name))
+		if p.release && !p.finish {
+			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, fmt.Sprintf("patch deployment %s/%s, giving up the install's field ownership", ns, d.Name))
+		}
 	} else {
 		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: string(p.patch.display)}, fmt.Sprintf("patch deployment %s/%s", ns, d.Name))
 		if !o.DryRun {

@@ -2,6 +2,7 @@ package install
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -28,16 +29,23 @@ func CheckCorefile(text string) error {
 // checkCorefileWith is CheckCorefile of a Corefile beside the files m,
 // what it imports of them read as its own.
 func checkCorefileWith(text string, m *mountedFiles) error {
-	if err := blockClosedOnAnOptionLine(text); err != nil {
-		return err
-	}
-	directives.Standard()
-	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text, m)), dnsserver.Directives)
+	c, err := parseCorefile(text, m)
 	if err != nil {
 		return err
 	}
+	return c.check()
+}
+
+// check is CheckCorefile of the Corefile c has read.
+func (c *corefileText) check() error {
+	if err := blockClosedOnAnOptionLine(c.tokens); err != nil {
+		return err
+	}
+	if err := c.unknownDirective(); err != nil {
+		return err
+	}
 	var stanzas [][]caddyfile.Token
-	for _, b := range blocks {
+	for _, b := range c.parsed {
 		if n := stanzaCount(b.Tokens["kubeapi"]); n > 1 {
 			return kubeapiTwice(b.Keys, n)
 		}
@@ -47,6 +55,28 @@ func checkCorefileWith(text string, m *mountedFiles) error {
 	}
 	if err := k8s_event.CheckBlocks(stanzas); err != nil {
 		return fmt.Errorf("k8s_event: %w", err)
+	}
+	return nil
+}
+
+// unknownDirective refuses, as caddyfile's parser given the directives
+// of the CoreDNS this tool installs does, the first directive (in block
+// and line order) that CoreDNS does not know.
+func (c *corefileText) unknownDirective() error {
+	directives.Standard()
+	for _, b := range c.parsed {
+		var first *caddyfile.Token
+		for dir, tokens := range b.Tokens {
+			if !slices.Contains(dnsserver.Directives, dir) && (first == nil || tokens[0].Line < first.Line) {
+				first = &caddyfile.Token{File: tokens[0].File, Line: tokens[0].Line, Text: dir}
+			}
+		}
+		if first != nil && first.File == "" {
+			first.File = "Corefile" // as the parser names the text it reads
+		}
+		if first != nil {
+			return fmt.Errorf("%s:%d - Error during parsing: Unknown directive '%s'", first.File, first.Line, first.Text)
+		}
 	}
 	return nil
 }
@@ -85,8 +115,7 @@ func checkOptionStanza(options []string) error {
 // RemainingArgs reads the } as one more argument, and the plugins refuse
 // it (health: "Wrong argument count or unexpected line ending after
 // '}'"), so CoreDNS would not start. "health { }" is read as empty.
-func blockClosedOnAnOptionLine(text string) error {
-	tokens := lex(text)
+func blockClosedOnAnOptionLine(tokens []token) error {
 	var open []int
 	for i, t := range tokens {
 		switch t.text {

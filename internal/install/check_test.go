@@ -7,7 +7,10 @@ import (
 	"testing"
 
 	"github.com/coredns/caddy/caddyfile"
+	"github.com/coredns/coredns/core/dnsserver"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dnsops/k8s_event/internal/directives"
 )
 
 // A k8s_event block the plugin refuses (level twice, as the upstream
@@ -113,5 +116,29 @@ func TestAddPluginsRefusesOptionsThePluginRefuses(t *testing.T) {
 	_, _, err := AddPlugins(custom, []string{"quiet 1m", "quiet 2m"})
 	if err == nil || err.Error() != `--option "quiet 2m": quiet given twice` {
 		t.Errorf("AddPlugins: %v", err)
+	}
+}
+
+// The one reader parses with any directive; its check refuses an unknown
+// one with the error caddyfile's parser gives when handed CoreDNS's
+// directives, and accepts what that parser accepts, on the corpus and on
+// Corefiles with a directive CoreDNS does not know.
+func TestCheckReadsUnknownDirectivesAsCaddyfileDoes(t *testing.T) {
+	directives.Standard()
+	texts := corpus(t)
+	texts["unknown"] = ".:53 {\n    errors\n    no_such_plugin a\n    other_unknown\n}\n"
+	texts["unknown in a snippet"] = "(s) {\n    not_a_plugin\n}\n.:53 {\n    import s\n    whoami\n}\n"
+	texts["unknown in the second block"] = ".:53 {\n    whoami\n}\nexample.org:53 {\n    whoami\n    nope\n}\n"
+	for name, text := range texts {
+		_, want := caddyfile.Parse("Corefile", strings.NewReader(text), dnsserver.Directives)
+		c, err := parseCorefile(text, nil)
+		if err != nil {
+			continue // caddyfile refuses it whatever the directives
+		}
+		got := c.unknownDirective()
+		switch {
+		case want == nil && got != nil, want != nil && got == nil, want != nil && got.Error() != want.Error():
+			t.Errorf("%s: the reader's check says %v, caddyfile %v", name, got, want)
+		}
 	}
 }

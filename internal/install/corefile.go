@@ -44,12 +44,31 @@ func addPluginsWith(text string, options []string, m *mountedFiles) (string, boo
 
 // planCorefile is the splices that AddPlugins makes of text.
 func planCorefile(text string, options []string, m *mountedFiles) ([]splice, error) {
+	cf, err := parseCorefile(text, m)
+	if err != nil {
+		return nil, err
+	}
+	return cf.splices(options)
+}
+
+// withPlugins is the Corefile cf has read with kubeapi and k8s_event
+// added (see AddPlugins), read in its turn.
+func (cf *corefileText) withPlugins(options []string, m *mountedFiles) (*corefileText, error) {
+	s, err := cf.splices(options)
+	if err != nil || len(s) == 0 {
+		return cf, err
+	}
+	return parseCorefile(applySplices(cf.src, s), m)
+}
+
+// splices are the edits that add kubeapi and k8s_event to the Corefile
+// cf has read.
+func (cf *corefileText) splices(options []string) ([]splice, error) {
 	if err := checkOptionStanza(options); err != nil {
 		return nil, err
 	}
-	cf, err := readCorefile(text, m)
-	if err != nil {
-		return nil, err
+	if cf.layoutErr != nil {
+		return nil, cf.layoutErr
 	}
 	targets := cf.targets()
 	if len(targets) == 0 {
@@ -81,11 +100,21 @@ func HasPlugins(text string) bool {
 
 // hasPluginsWith is HasPlugins of a Corefile beside the files m.
 func hasPluginsWith(text string, m *mountedFiles) bool {
-	blocks, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text, m)), nil)
-	if err != nil {
-		return false
+	c, err := parseCorefile(text, m)
+	return err == nil && c.has("k8s_event")
+}
+
+// externalPlugins are the plugins of k8s_event's build (kubeapi,
+// k8s_event) that a server block of c has, itself or through a snippet
+// it imports: a stock CoreDNS image stops on either.
+func (c *corefileText) externalPlugins() []string {
+	var out []string
+	for _, name := range []string{"kubeapi", "k8s_event"} {
+		if c.has(name) {
+			out = append(out, name)
+		}
 	}
-	return slices.ContainsFunc(blocks, func(b caddyfile.ServerBlock) bool { return len(b.Tokens["k8s_event"]) > 0 })
+	return out
 }
 
 // targets are the server blocks that get the plugins: those with the

@@ -16,7 +16,14 @@ import (
 type corefileText struct {
 	src    string
 	tokens []token
-	blocks []serverBlock
+	// parsed are the server blocks as caddyfile reads them: read once, they
+	// serve the check, the edit and the plan.
+	parsed []caddyfile.ServerBlock
+	// blocks are the blocks as written, which the edit needs; layoutErr
+	// is why they could not be told apart (the edit is refused, the check
+	// and the plan go on).
+	blocks    []serverBlock
+	layoutErr error
 	// newline is the file's line ending; unit the step by which its
 	// blocks indent.
 	newline, unit string
@@ -59,18 +66,46 @@ func applySplices(src string, splices []splice) string {
 }
 
 // readCorefile reads text as caddyfile does, the files of m it imports
-// expanded, and its blocks as written.
+// expanded, and its blocks as written, for an edit.
 func readCorefile(text string, m *mountedFiles) (*corefileText, error) {
+	c, err := parseCorefile(text, m)
+	if err != nil {
+		return nil, err
+	}
+	if c.layoutErr != nil {
+		return nil, c.layoutErr
+	}
+	return c, nil
+}
+
+// parseCorefile is the one reader of a Corefile: caddyfile's parser, with
+// any directive, over text with the files of m it imports expanded, run
+// once; then the blocks as written.
+func parseCorefile(text string, m *mountedFiles) (*corefileText, error) {
 	parsed, err := caddyfile.Parse("Corefile", strings.NewReader(withoutFileImports(text, m)), nil)
 	if err != nil {
 		return nil, err
 	}
-	c := &corefileText{src: text, tokens: lex(text), newline: "\n"}
+	c := &corefileText{src: text, tokens: lex(text), parsed: parsed, newline: "\n"}
 	if strings.Contains(text, "\r\n") {
 		c.newline = "\r\n"
 	}
+	c.layoutErr = c.readLayout()
+	return c, nil
+}
+
+// has reports whether any server block has the directive name, itself or
+// through a snippet it imports.
+func (c *corefileText) has(name string) bool {
+	return slices.ContainsFunc(c.parsed, func(b caddyfile.ServerBlock) bool { return len(b.Tokens[name]) > 0 })
+}
+
+// readLayout reads the blocks as written and pairs each server block with
+// caddyfile's reading of it.
+func (c *corefileText) readLayout() error {
+	parsed := c.parsed
 	if err := c.readBlocks(); err != nil {
-		return nil, err
+		return err
 	}
 	servers := 0
 	for i := range c.blocks {
@@ -82,10 +117,10 @@ func readCorefile(text string, m *mountedFiles) (*corefileText, error) {
 		}
 	}
 	if servers != len(parsed) {
-		return nil, fmt.Errorf("Corefile: %d server blocks as written, %d once its imports are read: edit this Corefile by hand", servers, len(parsed))
+		return fmt.Errorf("Corefile: %d server blocks as written, %d once its imports are read: edit this Corefile by hand", servers, len(parsed))
 	}
 	c.unit = c.indentUnit()
-	return c, nil
+	return nil
 }
 
 // isSnippet reports whether a block with keys is a snippet, "(name)".

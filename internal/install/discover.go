@@ -30,15 +30,25 @@ type target struct {
 // findDeployment returns the CoreDNS Deployment that o names.
 func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*appsv1.Deployment, error) {
 	ns := o.namespace()
+	if o.Kind == kindDaemonSet {
+		ds := daemonSets(ctx, c, ns, o.Deployment)
+		if len(ds) == 0 {
+			return nil, fmt.Errorf("--workload daemonset/%s: no such DaemonSet in namespace %q", o.Deployment, ns)
+		}
+		return nil, daemonSetError(ns, ds)
+	}
 	if o.Deployment != "" {
 		d, err := c.AppsV1().Deployments(ns).Get(ctx, o.Deployment, metav1.GetOptions{})
 		if err != nil {
+			if ds := daemonSets(ctx, c, ns, o.Deployment); len(ds) > 0 {
+				return nil, daemonSetError(ns, ds)
+			}
 			return nil, fmt.Errorf("--deployment %q in namespace %q: %w", o.Deployment, ns, err)
 		}
 		return d, nil
 	}
 	found := map[string]appsv1.Deployment{}
-	for _, sel := range selectors() {
+	for _, sel := range selectors(kindDeployment) {
 		list, err := c.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
 			return nil, fmt.Errorf("looking for CoreDNS in namespace %q: %w", ns, err)
@@ -49,7 +59,10 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 	}
 	switch len(found) {
 	case 0:
-		return nil, fmt.Errorf("no Deployment labelled %s in namespace %q: name it with --deployment (and --namespace)", strings.Join(selectors(), " or "), ns)
+		if ds := daemonSets(ctx, c, ns, ""); len(ds) > 0 {
+			return nil, daemonSetError(ns, ds)
+		}
+		return nil, fmt.Errorf("no Deployment labelled %s in namespace %q: name it with --deployment (and --namespace)", strings.Join(selectors(kindDeployment), " or "), ns)
 	case 1:
 		for _, d := range found {
 			return &d, nil
@@ -61,6 +74,54 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 	}
 	sort.Strings(names)
 	return nil, fmt.Errorf("namespace %q has %d CoreDNS Deployments (%s): name one with --deployment", ns, len(names), strings.Join(names, ", "))
+}
+
+// daemonSets are the DaemonSets of ns named name, or, when name is
+// empty, labelled as CoreDNS is, there or in the namespace a layout runs
+// it in: CoreDNS may run as one.
+func daemonSets(ctx context.Context, c kubernetes.Interface, ns, name string) []appsv1.DaemonSet {
+	if name != "" {
+		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return []appsv1.DaemonSet{*ds}
+	}
+	var out []appsv1.DaemonSet
+	look := func(ns, sel string) {
+		list, err := c.AppsV1().DaemonSets(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			return
+		}
+		for _, d := range list.Items {
+			if !slices.ContainsFunc(out, func(o appsv1.DaemonSet) bool { return o.Namespace == d.Namespace && o.Name == d.Name }) {
+				out = append(out, d)
+			}
+		}
+	}
+	for _, sel := range selectors(kindDaemonSet) {
+		look(ns, sel)
+	}
+	for _, l := range layouts {
+		if l.namespace != "" && l.namespace != ns && l.kind == kindDaemonSet {
+			look(l.namespace, l.selector)
+		}
+	}
+	return out
+}
+
+// daemonSetError says that CoreDNS runs as the DaemonSets ds: refused
+// with the vendor's way where a layout leaves it alone, else that install
+// does not change it, and the way that works.
+func daemonSetError(ns string, ds []appsv1.DaemonSet) error {
+	var names []string
+	for _, d := range ds {
+		if l := layoutOf(subject{kind: kindDaemonSet, meta: &d.ObjectMeta}); l.refused != "" {
+			return &RefusedError{[]string{fmt.Sprintf("daemonset %s/%s: %s", d.Namespace, d.Name, l.refused)}}
+		}
+		names = append(names, d.Namespace+"/"+d.Name)
+	}
+	return fmt.Errorf("namespace %q runs CoreDNS as DaemonSet %s, and install changes a Deployment only: copy the kustomize component deploy/k8s_event/component, set kind: DaemonSet and the names in its patch, and apply it with your manifests (docs/install.md, With kustomize)", ns, strings.Join(names, ", "))
 }
 
 // inspect finds the container, the config volume and the Corefile's key.

@@ -79,3 +79,36 @@ func TestConfPath(t *testing.T) {
 		}
 	}
 }
+
+// CoreDNS run as a DaemonSet cannot be named with --deployment: install
+// says it found a DaemonSet and the way that works, found by its labels or
+// by its name.
+func TestInstallOnADaemonSetSaysTheWayThatWorks(t *testing.T) {
+	ctx := context.Background()
+	d := deployment()
+	ds := &appsv1.DaemonSet{ObjectMeta: d.ObjectMeta, Spec: appsv1.DaemonSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template}}
+	for _, o := range []Options{{Image: image}, {Image: image, Deployment: "coredns"}} {
+		c := newClient(ds.DeepCopy(), configMap())
+		err := Install(ctx, c, o)
+		if err == nil || !strings.Contains(err.Error(), "DaemonSet kube-system/coredns") || !strings.Contains(err.Error(), "deploy/k8s_event/component") || strings.Contains(err.Error(), "name it with --deployment") {
+			t.Errorf("install %+v on a DaemonSet: %v", o, err)
+		}
+	}
+}
+
+// --workload daemonset/NAME finds the DaemonSet and says the way that
+// works; one that is not there is named.
+func TestInstallOnAWorkloadNamedAsADaemonSet(t *testing.T) {
+	ctx := context.Background()
+	d := deployment()
+	ds := &appsv1.DaemonSet{ObjectMeta: d.ObjectMeta, Spec: appsv1.DaemonSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template}}
+	c := newClient(ds, configMap())
+	err := Install(ctx, c, Options{Image: image, Kind: kindDaemonSet, Deployment: "coredns"})
+	if err == nil || !strings.Contains(err.Error(), "DaemonSet kube-system/coredns") {
+		t.Errorf("install --workload daemonset/coredns: %v", err)
+	}
+	err = Install(ctx, c, Options{Image: image, Kind: kindDaemonSet, Deployment: "dns"})
+	if err == nil || !strings.Contains(err.Error(), "--workload daemonset/dns: no such DaemonSet") {
+		t.Errorf("install --workload daemonset/dns: %v", err)
+	}
+}

@@ -52,6 +52,10 @@ type Options struct {
 	// labelled k8s-app=kube-dns (kubeadm, kind) or
 	// app.kubernetes.io/name=coredns (the CoreDNS helm chart).
 	Deployment string
+	// Kind is the kind of the workload Deployment names: Deployment when
+	// empty, or DaemonSet (--workload daemonset/NAME), which install
+	// refuses or tells the way that works for.
+	Kind string
 	// Container is the CoreDNS container's name; when empty, the one
 	// named coredns, or the only one.
 	Container string
@@ -76,9 +80,9 @@ type Options struct {
 	// JSON writes one JSON document (a Result, or for status a
 	// StatusReport) to Out in place of text.
 	JSON bool
-	// Force goes on where another owner keeps the Deployment (the addon
-	// manager in Reconcile mode, helm, Argo CD, Flux, k3s, another
-	// server-side applier), where the Corefile's ConfigMap has keys that
+	// Force goes on where another owner keeps the Deployment (helm,
+	// Argo CD, Flux, k3s, another server-side applier; never past a
+	// refused layout such as the addon manager in Reconcile mode), where the Corefile's ConfigMap has keys that
 	// another controller keeps current, where a run that does not wait
 	// could take the Ready pods below their count, and where Image is
 	// on another CoreDNS release than the one the Deployment runs.
@@ -143,7 +147,13 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 		return err
 	}
 	if p.patch == nil && !p.finish {
-		// Nothing rolls: prune what the dry run said it would.
+		// Nothing rolls: finish what a run cut off after its rollout left,
+		// and prune what the dry run said it would.
+		if p.release {
+			if err := releaseFields(ctx, c, p.d.Namespace, p.d.Name); err != nil {
+				return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", p.d.Namespace, p.d.Name, err)
+			}
+		}
 		return r.prune(ctx, c, p.d.Namespace, p.d.Name, p.gen.Name)
 	}
 	ns, name := p.d.Namespace, p.d.Name

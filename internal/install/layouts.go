@@ -1,10 +1,10 @@
 package install
 
 import (
+	"path"
 	"slices"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -14,7 +14,13 @@ import (
 // vendor's own way.
 type layout struct {
 	name string
-	// selector finds its Deployment when none is named.
+	// kind is the kind of the workload that runs CoreDNS in the layout
+	// (Deployment, DaemonSet); "" for either.
+	kind string
+	// namespace, when set, is where the layout runs CoreDNS: status and
+	// refusals name it.
+	namespace string
+	// selector finds its workload when none is named.
 	selector string
 	// all of these hold on the Deployment (or its Corefile), and at least
 	// one of any when any is given.
@@ -22,8 +28,6 @@ type layout struct {
 	// extraKeys are keys of the Corefile's ConfigMap that another
 	// controller rewrites, with what rewrites them.
 	extraKeys map[string]string
-	// inertLabels are labels the layout sets that no controller acts on.
-	inertLabels []string
 	// refused, when set, is why install leaves the layout alone and the
 	// vendor's own way; --force does not go past it.
 	refused string
@@ -32,18 +36,44 @@ type layout struct {
 }
 
 // marker is what tells a layout: a label or annotation (key, or key
-// prefix ending in "/"; value, or any when empty), a field manager, or
-// text of the Corefile.
+// prefix ending in "/"; value, or any when empty), a field manager, an
+// owner (API group/kind of an owner reference), or text of the Corefile.
+// A label marker with objects holds when the workload or the Corefile's
+// ConfigMap carries it.
 type marker struct {
-	label, annotation, manager, corefile string
-	value                                string
+	label, annotation, manager, owner, corefile string
+	value                                       string
+	objects                                     bool
 }
+
+// subject is what a layout is told from: the workload that runs CoreDNS
+// (its kind and metadata), its Corefile and that Corefile's ConfigMap.
+type subject struct {
+	kind     string
+	meta     *metav1.ObjectMeta
+	corefile string
+	// configMap are the labels of the Corefile's ConfigMap.
+	configMap map[string]string
+}
+
+// Kinds of the workloads that run CoreDNS.
+const (
+	kindDeployment = "Deployment"
+	kindDaemonSet  = "DaemonSet"
+)
 
 const reconcileLabel = "addonmanager.kubernetes.io/mode"
 
 // layouts are the layouts the tool knows, the most particular first: the
 // first whose markers hold is the Deployment's.
 var layouts = []layout{{
+	name:      "OpenShift",
+	kind:      kindDaemonSet,
+	namespace: "openshift-dns",
+	selector:  "dns.operator.openshift.io/owning-dns=default",
+	any:       []marker{{label: "dns.operator.openshift.io/owning-dns"}, {owner: "operator.openshift.io/DNS"}},
+	refused:   "CoreDNS is OpenShift's: the DNS operator (dns.operator.openshift.io/default) owns DaemonSet openshift-dns/dns-default and puts back its image and Corefile; OpenShift takes no third-party plugins in it; what the operator lets you change is its own spec (oc edit dns.operator/default: servers for per-zone forwarding, upstreamResolvers, logLevel, nodePlacement), built-in plugins only",
+}, {
 	name:     "EKS add-on",
 	selector: "k8s-app=kube-dns",
 	all:      []marker{{label: "eks.amazonaws.com/component", value: "coredns"}, {manager: "eks"}},
@@ -65,11 +95,14 @@ var layouts = []layout{{
 	all:       []marker{{annotation: "objectset.rio.cattle.io/"}},
 	extraKeys: map[string]string{"NodeHosts": "k3s"},
 }, {
-	name:        "kubespray",
-	selector:    "k8s-app=kube-dns",
-	all:         []marker{{label: "k8s-app", value: "kube-dns"}, {label: "kubernetes.io/name", value: "coredns"}, {label: reconcileLabel, value: "Reconcile"}},
-	inertLabels: []string{reconcileLabel},
-	warning:     "kubespray applies its CoreDNS Deployment again on its next run of cluster.yml or upgrade-cluster.yml, which puts back its image and ConfigMap: run install again after it",
+	name:     "kubespray",
+	selector: "k8s-app=kube-dns",
+	all:      []marker{{label: "k8s-app", value: "kube-dns"}, {label: "kubernetes.io/name", value: "coredns"}, {label: reconcileLabel, value: "Reconcile"}},
+	warning:  "kubespray applies its CoreDNS Deployment again on its next run of cluster.yml or upgrade-cluster.yml, which puts back its image and ConfigMap: run install again after it",
+}, {
+	name:    "addon manager (kube-up, GKE)",
+	all:     []marker{{label: reconcileLabel, value: "Reconcile", objects: true}},
+	refused: "CoreDNS is an addon in Reconcile mode (label addonmanager.kubernetes.io/mode: Reconcile): the addon manager puts back its manifest within a minute, edits included; on kube-up, change the addon's manifest under /etc/kubernetes/addons on the control plane (or set the label to EnsureExists on each object first, which the addon manager then only creates when missing); on GKE, whose control plane is not yours, turn the add-on off (NodeLocal DNSCache: gcloud container clusters update CLUSTER --update-addons=NodeLocalDNS=DISABLED) and run your own",
 }, {
 	name:     "EKS, self-managed",
 	selector: "k8s-app=kube-dns",
@@ -87,22 +120,26 @@ var layouts = []layout{{
 // custom is the layout of a Deployment no row describes.
 var customLayout = layout{name: "custom"}
 
-// selectors are the label selectors that find CoreDNS, each once.
-func selectors() []string {
+// selectors are the label selectors that find CoreDNS run as kind, each
+// once.
+func selectors(kind string) []string {
 	var out []string
 	for _, l := range layouts {
-		if !slices.Contains(out, l.selector) {
+		if l.selector != "" && (l.kind == "" || l.kind == kind) && !slices.Contains(out, l.selector) {
 			out = append(out, l.selector)
 		}
 	}
 	return out
 }
 
-// layoutOf is the layout of d, whose Corefile is corefile.
-func layoutOf(d *appsv1.Deployment, corefile string) *layout {
+// layoutOf is the layout of s.
+func layoutOf(s subject) *layout {
 	for i := range layouts {
 		l := &layouts[i]
-		holds := func(m marker) bool { return m.holds(d, corefile) }
+		if l.kind != "" && l.kind != s.kind {
+			continue
+		}
+		holds := func(m marker) bool { return m.holds(s) }
 		if slices.ContainsFunc(l.all, func(m marker) bool { return !holds(m) }) {
 			continue
 		}
@@ -114,16 +151,22 @@ func layoutOf(d *appsv1.Deployment, corefile string) *layout {
 	return &customLayout
 }
 
-func (m marker) holds(d *appsv1.Deployment, corefile string) bool {
+func (m marker) holds(s subject) bool {
+	d := s.meta
 	switch {
 	case m.label != "":
-		return hasKey(d.Labels, m.label, m.value)
+		return hasKey(d.Labels, m.label, m.value) || m.objects && hasKey(s.configMap, m.label, m.value)
 	case m.annotation != "":
 		return hasKey(d.Annotations, m.annotation, m.value)
 	case m.manager != "":
 		return slices.ContainsFunc(d.ManagedFields, func(f metav1.ManagedFieldsEntry) bool { return f.Manager == m.manager })
+	case m.owner != "":
+		group, kind := path.Split(m.owner)
+		return slices.ContainsFunc(d.OwnerReferences, func(r metav1.OwnerReference) bool {
+			return r.Kind == kind && strings.HasPrefix(r.APIVersion, group)
+		})
 	default:
-		return strings.Contains(corefile, m.corefile)
+		return strings.Contains(s.corefile, m.corefile)
 	}
 }
 

@@ -19,9 +19,6 @@ import (
 func otherOwners(d *appsv1.Deployment, t *target, l *layout) []string {
 	var reasons []string
 	ref := fmt.Sprintf("deployment %s/%s", d.Namespace, d.Name)
-	if d.Labels[reconcileLabel] == "Reconcile" && !slices.Contains(l.inertLabels, reconcileLabel) {
-		reasons = append(reasons, ref+" is an addon in Reconcile mode (label addonmanager.kubernetes.io/mode: Reconcile): the addon manager puts back its manifest within a minute; change the addon's manifest on the control plane, or set the label to EnsureExists first")
-	}
 	if rel := d.Annotations["meta.helm.sh/release-name"]; rel != "" || d.Labels["app.kubernetes.io/managed-by"] == "Helm" {
 		if rel == "" {
 			rel = d.Labels["app.kubernetes.io/instance"]

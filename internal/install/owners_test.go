@@ -70,7 +70,6 @@ func TestInstallRefusesOtherOwners(t *testing.T) {
 		annotations map[string]string
 		want        string
 	}{
-		{"addon manager", map[string]string{"addonmanager.kubernetes.io/mode": "Reconcile"}, nil, "set the label to EnsureExists"},
 		{"helm", map[string]string{"app.kubernetes.io/managed-by": "Helm"}, map[string]string{"meta.helm.sh/release-name": "dns"}, `helm release "dns"`},
 		{"argo cd", nil, map[string]string{"argocd.argoproj.io/tracking-id": "dns:apps/Deployment:kube-system/coredns"}, "Argo CD"},
 		{"flux", map[string]string{"kustomize.toolkit.fluxcd.io/name": "infra"}, nil, "Flux"},

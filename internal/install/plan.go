@@ -23,10 +23,15 @@ import (
 )
 
 // GeneratedName is the name of the ConfigMap with data and binary made
-// from the ConfigMap source: source's name, then a hash of what the
-// config volume vol mounts of it, so that a change to a key the pods do
-// not read does not roll them.
-func GeneratedName(source string, vol corev1.Volume, data map[string]string, binary map[string][]byte) string {
+// from the ConfigMap source for the workload of that name: source's name,
+// the workload's when it is not source's (two workloads that read one
+// ConfigMap get a copy each, as each prunes its own), then a hash of what
+// the config volume vol mounts of it, so that a change to a key the pods
+// do not read does not roll them.
+func GeneratedName(source, workload string, vol corev1.Volume, data map[string]string, binary map[string][]byte) string {
+	if workload != source {
+		source += "-" + workload
+	}
 	return source + "-k8s-event-" + mountedHash(vol, data, binary)[:10]
 }
 
@@ -79,7 +84,10 @@ type installPlan struct {
 	// waited for, and the operator's strategy put back.
 	before *appsv1.Deployment
 	finish bool
-	prunes []string
+	// release, that nothing rolls but a run cut off after its rollout
+	// left the fields it set owned by the install: they are given up.
+	release bool
+	prunes  []string
 }
 
 // planInstall works out what the install changes, and refuses what it
@@ -104,12 +112,17 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 		return nil, err
 	}
 	refuse = append(refuse, more...)
-	if err := otherInstall(t, src); err != nil {
+	m := t.mountedFiles(orig.Volume, src.Data)
+	cf, err := parseCorefile(src.Data[t.key], m)
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", src.Namespace, src.Name, t.key, err)
+	}
+	if err := otherInstall(t, src, cf); err != nil {
 		return nil, err
 	}
 	refuse = append(refuse, r.extraKeyRefusals(src, orig)...)
 	p := &installPlan{d: t.dep, t: t}
-	if p.gen, err = r.planConfigMap(t, orig, src); err != nil {
+	if p.gen, err = r.planConfigMap(t, orig, src, cf, m); err != nil {
 		return nil, err
 	}
 	want, err := r.planTemplate(p, orig, src)
@@ -164,7 +177,7 @@ func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, ori
 // layout tells the Deployment's layout, and refuses the layouts the tool
 // leaves alone.
 func (r *run) layout(t *target, src *corev1.ConfigMap) (*layout, error) {
-	l := layoutOf(t.dep, src.Data[t.key])
+	l := layoutOf(subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, corefile: src.Data[t.key], configMap: src.Labels})
 	r.res.Layout = l.name
 	if l.refused != "" {
 		return nil, &RefusedError{[]string{fmt.Sprintf("deployment %s/%s: %s", t.dep.Namespace, t.dep.Name, l.refused)}}
@@ -196,18 +209,17 @@ func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
 
 // planConfigMap is the ConfigMap the pods will read: the operator's, with
 // kubeapi and k8s_event in the Corefile, named by its content.
-func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap, cf *corefileText, m *mountedFiles) (*corev1.ConfigMap, error) {
 	d, ns := t.dep, t.dep.Namespace
-	m := t.mountedFiles(orig.Volume, src.Data)
-	corefile, _, err := addPluginsWith(src.Data[t.key], r.o.Options, m)
+	out, err := cf.withPlugins(r.o.Options, m)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
 	}
-	if err := checkCorefileWith(corefile, m); err != nil {
+	if err := out.check(); err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: the Corefile made from it would not load: %w", ns, src.Name, t.key, err)
 	}
 	data := maps.Clone(src.Data)
-	data[t.key] = corefile
+	data[t.key] = out.src
 	var binary map[string][]byte
 	if len(src.BinaryData) > 0 {
 		binary = map[string][]byte{}
@@ -226,7 +238,7 @@ func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap) (*c
 	return &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      GeneratedName(src.Name, orig.Volume, data, binary),
+			Name:      GeneratedName(src.Name, d.Name, orig.Volume, data, binary),
 			Namespace: ns,
 			Labels:    map[string]string{DeploymentLabel: d.Name, managedByLabel: FieldManager},
 			OwnerReferences: []metav1.OwnerReference{{
@@ -326,6 +338,7 @@ func (r *run) planStrategy(p *installPlan, want *appsv1.Deployment) []string {
 	}
 	if equality.Semantic.DeepEqual(d.Spec.Template, want.Spec.Template) {
 		r.res.Rollout = "none: the Deployment has k8s_event already"
+		p.release = fieldsHeld(d)
 		if p.before != d {
 			p.finish, p.strategy = true, d.Spec.Strategy.DeepCopy()
 			r.res.Rollout = "none to start: " + interruptedRollout(d)

@@ -153,3 +153,34 @@ func TestInstallRefusesKubeapiTwiceThroughAnImportedKeyOfItsConfigMap(t *testing
 		t.Errorf("install --dry-run: %v; want it refused: kubeapi twice", err)
 	}
 }
+
+// Two Deployments that read one ConfigMap each get a copy of their own:
+// the second install is not told to delete the copy the first one's pods
+// read.
+func TestTwoDeploymentsOnOneConfigMapGetACopyEach(t *testing.T) {
+	ctx := context.Background()
+	second := deployment()
+	second.Name, second.UID = "coredns-internal", "d2-uid"
+	c := newClient(deployment(), second, configMap())
+	for _, name := range []string{"coredns", "coredns-internal"} {
+		if err := Install(ctx, c, Options{Image: image, Deployment: name}); err != nil {
+			t.Fatalf("install of %s: %v", name, err)
+		}
+	}
+	var names []string
+	for _, name := range []string{"coredns", "coredns-internal"} {
+		d, err := c.AppsV1().Deployments("kube-system").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, d.Spec.Template.Spec.Volumes[0].ConfigMap.Name)
+	}
+	if names[0] == names[1] {
+		t.Fatalf("both Deployments read configmap %s", names[0])
+	}
+	for _, n := range names {
+		if _, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, n, metav1.GetOptions{}); err != nil {
+			t.Errorf("configmap %s: %v", n, err)
+		}
+	}
+}

@@ -55,7 +55,10 @@ func (t *target) current() original {
 	c := spec.Containers[t.container]
 	o := original{Image: c.Image, Volume: *spec.Volumes[t.volume].DeepCopy()}
 	r := t.rec
-	if r != nil && c.Image == r.Image {
+	if r != nil && (c.Image == r.Image || repository(c.Image) == repository(r.Image)) {
+		// The install's image, or another build of it set by hand
+		// (kubectl set image to a newer k8s_event): what it replaced is
+		// still the original.
 		o.Image = r.Original.Image
 	}
 	if r != nil && o.Volume.ConfigMap.Name == r.ConfigMap {
@@ -87,6 +90,15 @@ func (t *target) current() original {
 	return o
 }
 
+// repository is ref without its tag and digest.
+func repository(ref string) string {
+	ref, _, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		ref = ref[:i]
+	}
+	return ref
+}
+
 // notOurs is env without the variables k8s_event sets.
 func notOurs(env []corev1.EnvVar) []corev1.EnvVar {
 	var out []corev1.EnvVar
@@ -101,7 +113,7 @@ func notOurs(env []corev1.EnvVar) []corev1.EnvVar {
 // otherInstall refuses a Deployment that runs k8s_event set up by other
 // means, whole or in part (k8s_event in its Corefile and any of the four
 // variables): its image and Corefile are not the originals to record.
-func otherInstall(t *target, src *corev1.ConfigMap) error {
+func otherInstall(t *target, src *corev1.ConfigMap, cf *corefileText) error {
 	d := t.dep
 	ctr := d.Spec.Template.Spec.Containers[t.container]
 	var have, missing []string
@@ -112,7 +124,7 @@ func otherInstall(t *target, src *corev1.ConfigMap) error {
 			missing = append(missing, e.Name)
 		}
 	}
-	if t.rec != nil || !hasPluginsWith(src.Data[t.key], t.mountedFiles(t.dep.Spec.Template.Spec.Volumes[t.volume], src.Data)) || len(have) == 0 {
+	if t.rec != nil || !cf.has("k8s_event") || len(have) == 0 {
 		return nil
 	}
 	vars := "the downward-API variables"

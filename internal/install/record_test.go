@@ -3,6 +3,7 @@ package install
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -100,5 +101,37 @@ func TestInstallRefusesAPartialHandInstall(t *testing.T) {
 	}
 	if got := get(t, c).Spec.Template.Annotations[Annotation]; got != "" {
 		t.Errorf("the refused install recorded %s", got)
+	}
+}
+
+// A newer build of the plugin set by hand (kubectl set image) is not what
+// the install replaced: install again keeps the stock image as the
+// original, and uninstall gives that back.
+func TestAHandUpgradeOfThePluginIsNotRecordedAsTheOriginal(t *testing.T) {
+	ctx := context.Background()
+	const newer = "registry.example/coredns-k8s-event:1.13.1-0.3.0-def"
+	c := installedThen(t, func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = newer })
+	if s, _ := statusText(t, c); !strings.Contains(s, "--image "+newer) {
+		t.Errorf("status does not say to install again with the build set by hand:\n%s", s)
+	}
+	if err := Install(ctx, c, Options{Image: newer}); err != nil {
+		t.Fatal(err)
+	}
+	d := get(t, c)
+	var rec record
+	if err := json.Unmarshal([]byte(d.Spec.Template.Annotations[Annotation]), &rec); err != nil {
+		t.Fatal(err)
+	}
+	if stock := deployment().Spec.Template.Spec.Containers[0].Image; rec.Original.Image != stock || rec.Image != newer {
+		t.Fatalf("record after install again: image %s, original %s; want %s, %s", rec.Image, rec.Original.Image, newer, stock)
+	}
+	if err := Uninstall(ctx, c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, c).Spec.Template.Spec.Containers[0].Image; got != deployment().Spec.Template.Spec.Containers[0].Image {
+		t.Errorf("uninstall left image %s, want the stock one", got)
+	}
+	if s, err := Status(ctx, c, Options{}); err != nil || s.State != StateNotInstalled {
+		t.Errorf("status after uninstall: %+v, %v", s, err)
 	}
 }

@@ -216,3 +216,18 @@ func TestInstallJSONListsThePutBackOfAFailedRollout(t *testing.T) {
 		t.Errorf("-o json lists the Deployment's patch as a write that stayed, and nothing that put it back, though the template and strategy are the operator's again:\n  %s", strings.Join(list, "\n  "))
 	}
 }
+
+// -o json writes "changes": [] whatever the run did, a refusal included:
+// never null.
+func TestJSONChangesIsAListOnARefusal(t *testing.T) {
+	d := deployment()
+	d.Spec.Paused = true
+	c := newClient(d, configMap())
+	var out bytes.Buffer
+	if err := Install(context.Background(), c, Options{Image: image, JSON: true, Out: &out}); !IsRefused(err) {
+		t.Fatalf("install on a paused Deployment: %v", err)
+	}
+	if !strings.Contains(out.String(), `"changes": []`) {
+		t.Errorf("-o json of a refusal:\n%s", out.String())
+	}
+}

@@ -283,6 +283,15 @@ func releaseFields(ctx context.Context, c kubernetes.Interface, ns, name string)
 	})
 }
 
+// fieldsHeld reports whether the install still owns fields of d beside
+// another manager: a run was cut off after its rollout, before it gave
+// them up (releaseFields), and the next server-side apply conflicts.
+func fieldsHeld(d *appsv1.Deployment) bool {
+	ours := slices.ContainsFunc(d.ManagedFields, func(m metav1.ManagedFieldsEntry) bool { return m.Manager == FieldManager })
+	others := slices.ContainsFunc(d.ManagedFields, func(m metav1.ManagedFieldsEntry) bool { return m.Manager != FieldManager })
+	return ours && others
+}
+
 // unusedConfigMaps are the Corefile ConfigMaps made for the Deployment
 // that neither it nor any of its ReplicaSets refers to, besides keep:
 // `kubectl rollout undo` to any revision kept finds the Corefile that

@@ -27,7 +27,8 @@ type run struct {
 // restart begins the report again for another attempt after a conflict:
 // with the writes already made.
 func (r *run) restart() {
-	r.res.Changes, r.res.Warnings = slices.Clone(r.done), nil
+	// Never nil: -o json writes "changes": [] on every path.
+	r.res.Changes, r.res.Warnings = append([]Change{}, r.done...), nil
 }
 
 func newRun(o *Options, command string) *run {
@@ -68,6 +69,9 @@ func (r *run) finish(err error) error {
 	if err != nil {
 		r.res.Error = err.Error()
 		r.res.Refused = IsRefused(err)
+	}
+	if r.res.Changes == nil {
+		r.res.Changes = []Change{}
 	}
 	if r.o.JSON && r.o.Out != nil {
 		b, _ := json.MarshalIndent(r.res, "", "  ")

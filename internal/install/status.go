@@ -57,11 +57,26 @@ type StatusReport struct {
 	Problems []string `json:"problems,omitempty"`
 	// Owners are the others that keep the Deployment as they want it.
 	Owners []string `json:"owners,omitempty"`
+	// Unread are the objects the one who runs status may not read (a
+	// read-only role such as view reads no Role): what they hold is not
+	// checked.
+	Unread []string `json:"unread,omitempty"`
 }
 
-// Healthy reports whether k8s_event is installed and nothing is wrong.
+// Healthy reports whether k8s_event is installed and nothing is wrong:
+// not when status could not read all it checks.
 func (s *StatusReport) Healthy() bool {
-	return s.State == StateInstalled && len(s.Problems) == 0
+	return s.State == StateInstalled && len(s.Problems) == 0 && len(s.Unread) == 0
+}
+
+// forbidden notes, when err is a 403, that what is not readable is not
+// checked, and reports whether it was.
+func (s *StatusReport) forbidden(err error, what string) bool {
+	if !apierrors.IsForbidden(err) {
+		return false
+	}
+	s.Unread = append(s.Unread, what)
+	return true
 }
 
 // Status describes whether the Deployment that o names has k8s_event, and
@@ -126,16 +141,18 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 	ns := t.dep.Namespace
 	read, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.ConfigMap, metav1.GetOptions{})
 	switch {
+	case s.forbidden(err, "configmap "+ns+"/"+s.ConfigMap):
+		read = nil
 	case apierrors.IsNotFound(err):
 		s.problem("configmap %s, which the pods read, is missing: new pods cannot start; run install again (or uninstall)", s.ConfigMap)
 	case err != nil:
 		return err
 	}
-	corefile := ""
+	sub := subject{kind: kindDeployment, meta: &t.dep.ObjectMeta}
 	if read != nil {
-		corefile = read.Data[t.key]
+		sub.corefile, sub.configMap = read.Data[t.key], read.Labels
 	}
-	l := layoutOf(t.dep, corefile)
+	l := layoutOf(sub)
 	s.Layout, s.Owners = l.name, otherOwners(t.dep, t, l)
 	if l.refused != "" {
 		s.Owners = append(s.Owners, l.refused)
@@ -145,7 +162,9 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 		s.State = StateInstalled
 		s.BeforeImage, s.BeforeConfigMap = t.rec.Original.Image, t.rec.Original.Volume.ConfigMap.Name
 		s.BeforeCoreDNS = release(s.BeforeImage)
-		if s.Image != t.rec.Image || s.ConfigMap != t.rec.ConfigMap {
+		if s.ConfigMap == t.rec.ConfigMap && s.Image != t.rec.Image && repository(s.Image) == repository(t.rec.Image) {
+			s.problem("the image is %s, another build of the one install set (%s), set since by hand: run install again with --image %s to record it; what install replaced (image %s) stays the original", s.Image, t.rec.Image, s.Image, s.BeforeImage)
+		} else if s.Image != t.rec.Image || s.ConfigMap != t.rec.ConfigMap {
 			s.State = StatePartlyUndone
 			s.problem("the image or the configmap is no longer what install set (image %s, configmap %s): run install again, or uninstall", t.rec.Image, t.rec.ConfigMap)
 		}
@@ -163,6 +182,7 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 func (s *StatusReport) checkSource(ctx context.Context, c kubernetes.Interface, ns string, rec *record) error {
 	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.BeforeConfigMap, metav1.GetOptions{})
 	switch {
+	case s.forbidden(err, "configmap "+ns+"/"+s.BeforeConfigMap):
 	case apierrors.IsNotFound(err):
 		s.problem("configmap %s, the Corefile install started from, is gone: uninstall would point the pods at it", s.BeforeConfigMap)
 	case err != nil:
@@ -186,10 +206,12 @@ func (s *StatusReport) checkSource(ctx context.Context, c kubernetes.Interface, 
 func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) error {
 	ns, name := d.Namespace, d.Name+"-k8s-event"
 	role, err := c.RbacV1().Roles(ns).Get(ctx, name, metav1.GetOptions{})
+	roleUnread := s.forbidden(err, "role "+ns+"/"+name)
 	if s.Role, err = presence(err, func() metav1.ObjectMeta { return role.ObjectMeta }, d.Name); err != nil {
 		return err
 	}
 	binding, err := c.RbacV1().RoleBindings(ns).Get(ctx, name, metav1.GetOptions{})
+	bindingUnread := s.forbidden(err, "rolebinding "+ns+"/"+name)
 	if s.RoleBinding, err = presence(err, func() metav1.ObjectMeta { return binding.ObjectMeta }, d.Name); err != nil {
 		return err
 	}
@@ -197,12 +219,14 @@ func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d 
 		return nil
 	}
 	switch {
+	case roleUnread:
 	case s.Role == "absent":
 		s.problem("role %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
 	case !grantsEvents(role.Rules):
 		s.problem("role %s/%s does not grant create and patch on events: k8s_event gets 403; run install again", ns, name)
 	}
 	switch {
+	case bindingUnread:
 	case s.RoleBinding == "absent":
 		s.problem("rolebinding %s/%s is missing: k8s_event gets 403 on events; run install again", ns, name)
 	case !bindsServiceAccount(binding, ns, s.ServiceAccount):
@@ -215,6 +239,13 @@ func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d 
 // progress.
 func (s *StatusReport) checkRollout(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) {
 	if why := interruptedRollout(d); why != "" {
+		if held := leaseHeld(ctx, c, d.Namespace, d.Name); held != "" {
+			why += " (unless that run still runs: " + held + ")"
+		}
+		s.problem("%s", why)
+	}
+	if fieldsHeld(d) {
+		why := fmt.Sprintf("a run was cut off after its rollout, before it gave up the fields it set (managedFields of %s): the next server-side apply (helm 4, kubectl apply --server-side) conflicts; run install again to finish it", FieldManager)
 		if held := leaseHeld(ctx, c, d.Namespace, d.Name); held != "" {
 			why += " (unless that run still runs: " + held + ")"
 		}
@@ -258,6 +289,9 @@ func (s *StatusReport) print(o *Options) {
 	for _, w := range s.Problems {
 		p("  problem: %s\n", w)
 	}
+	if len(s.Unread) > 0 {
+		p("  not checked, as reading it is forbidden: %s\n", strings.Join(s.Unread, ", "))
+	}
 }
 
 // presence says whether an object the install makes is there (err is its
@@ -266,6 +300,8 @@ func presence(err error, meta func() metav1.ObjectMeta, deployment string) (stri
 	switch {
 	case apierrors.IsNotFound(err):
 		return "absent", nil
+	case apierrors.IsForbidden(err):
+		return "not readable (forbidden)", nil
 	case err != nil:
 		return "", err
 	case !ours(meta(), deployment):

@@ -3,6 +3,7 @@ package install
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -177,4 +178,25 @@ func installedThen(t *testing.T, edit func(d *appsv1.Deployment)) *fake.Clientse
 		t.Fatal(err)
 	}
 	return c
+}
+
+// A read-only on-call user (the view role reads no Role or RoleBinding)
+// gets status with what it may read, -o json written, and is told what
+// was not checked.
+func TestStatusOfAReadOnlyUserSaysWhatItCouldRead(t *testing.T) {
+	c := installedThen(t, func(*appsv1.Deployment) {})
+	forbid(c, "get", "roles")
+	forbid(c, "get", "rolebindings")
+	var out bytes.Buffer
+	s, err := Status(context.Background(), c, Options{Out: &out, JSON: true})
+	if err != nil {
+		t.Fatalf("status of a read-only user: %v", err)
+	}
+	var got StatusReport
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("-o json: %v\n%s", err, out.String())
+	}
+	if got.State != StateInstalled || got.Image != image || len(got.Unread) != 2 || !strings.Contains(got.Role, "forbidden") || s.Healthy() {
+		t.Errorf("status of a read-only user: %s", out.String())
+	}
 }

@@ -14,7 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	applyapps "k8s.io/client-go/applyconfigurations/apps/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -272,5 +274,110 @@ func TestNodeFitsThePodsAffinityAndTolerations(t *testing.T) {
 	}
 	if !toleratesNode([]corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "dns", Effect: corev1.TaintEffectNoExecute}}, node) {
 		t.Error("a tolerated taint: node not counted")
+	}
+}
+
+// killAfterStrategyBack makes c answer nothing once the patch that puts
+// the operator's strategy back has gone through: the run is killed before
+// it gives up its fields. It returns the function that ends that.
+func killAfterStrategyBack(c *fake.Clientset) func() {
+	var dead, on atomic.Bool
+	on.Store(true)
+	c.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !on.Load() {
+			return false, nil, nil
+		}
+		if dead.Load() {
+			return true, nil, errors.New("connection refused: the process is gone")
+		}
+		if p, ok := a.(k8stesting.PatchAction); ok && p.GetResource().Resource == "deployments" && !isDryRun(a) && p.GetPatchType() == types.MergePatchType && strings.Contains(string(p.GetPatch()), `"strategy"`) {
+			_, obj, err := k8stesting.ObjectReaction(c.Tracker())(a)
+			dead.Store(true)
+			return true, obj, err
+		}
+		return false, nil, nil
+	})
+	return func() { on.Store(false) }
+}
+
+// A run killed after it put the operator's strategy back, before it gave
+// up its fields, leaves the install owning them: status says so, and the
+// next install gives them up, so that the next server-side apply does not
+// conflict.
+func TestInstallFinishesARunKilledBeforeItGaveUpItsFields(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(configMap())
+	deps := c.AppsV1().Deployments("kube-system")
+	applied := appliedDeployment()
+	applied.Spec.WithReplicas(1).WithStrategy(applyapps.DeploymentStrategy().WithType(appsv1.RollingUpdateDeploymentStrategyType).
+		WithRollingUpdate(applyapps.RollingUpdateDeployment().WithMaxUnavailable(intstr.FromInt32(1))))
+	if _, err := deps.Apply(ctx, applied, metav1.ApplyOptions{FieldManager: "platform"}); err != nil {
+		t.Fatal(err)
+	}
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	revive := killAfterStrategyBack(c)
+	var killed bytes.Buffer
+	if err := Install(ctx, c, withForce(Options{Image: image, Deployment: "coredns", Wait: 5 * time.Second, Out: &killed})); err == nil {
+		t.Fatalf("the killed install: no error\n%s", killed.String())
+	}
+	revive()
+	if !fieldsHeld(get(t, c)) {
+		t.Fatalf("the killed run gave up its fields: managedFields %+v", get(t, c).ManagedFields)
+	}
+	if s, healthy := statusText(t, c); healthy || !strings.Contains(s, "before it gave up the fields it set") {
+		t.Errorf("status after the killed run (healthy %v):\n%s", healthy, s)
+	}
+	var out bytes.Buffer
+	if err := Install(ctx, c, withForce(Options{Image: image, Wait: 5 * time.Second, Out: &out})); err != nil {
+		t.Fatalf("the next install: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "giving up the install's field ownership") {
+		t.Errorf("the next install does not say it gives up the fields:\n%s", out.String())
+	}
+	if s, healthy := statusText(t, c); !healthy {
+		t.Errorf("status after the next install:\n%s", s)
+	}
+	if _, err := deps.Apply(ctx, applied, metav1.ApplyOptions{FieldManager: "platform"}); err != nil {
+		t.Errorf("the next server-side apply: %v", err)
+	}
+}
+
+// An uninstall killed after it put the operator's strategy back, before it
+// gave up its fields: the next uninstall gives them up.
+func TestUninstallFinishesARunKilledBeforeItGaveUpItsFields(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(configMap())
+	deps := c.AppsV1().Deployments("kube-system")
+	applied := appliedDeployment()
+	applied.Spec.WithReplicas(1).WithStrategy(applyapps.DeploymentStrategy().WithType(appsv1.RollingUpdateDeploymentStrategyType).
+		WithRollingUpdate(applyapps.RollingUpdateDeployment().WithMaxUnavailable(intstr.FromInt32(1))))
+	if _, err := deps.Apply(ctx, applied, metav1.ApplyOptions{FieldManager: "platform"}); err != nil {
+		t.Fatal(err)
+	}
+	controller(c, nil, func(*appsv1.Deployment) appsv1.DeploymentStatus { return rolled(1) })
+	o := withForce(Options{Image: image, Deployment: "coredns", Wait: 5 * time.Second})
+	if err := Install(ctx, c, o); err != nil {
+		t.Fatal(err)
+	}
+	revive := killAfterStrategyBack(c)
+	if err := Uninstall(ctx, c, Options{Deployment: "coredns", Wait: 5 * time.Second}); err == nil {
+		t.Fatal("the killed uninstall: no error")
+	}
+	revive()
+	if s, healthy := statusText(t, c); healthy || !strings.Contains(s, "before it gave up the fields it set") {
+		t.Errorf("status after the killed uninstall (healthy %v):\n%s", healthy, s)
+	}
+	var dry bytes.Buffer
+	if err := Uninstall(ctx, c, Options{Deployment: "coredns", DryRun: true, Out: &dry}); err != nil || !strings.Contains(dry.String(), "giving up the install's field ownership") {
+		t.Errorf("the dry run of the next uninstall: %v, want it to say the fields go\n%s", err, dry.String())
+	}
+	if err := Uninstall(ctx, c, Options{Deployment: "coredns", Wait: 5 * time.Second}); err != nil {
+		t.Fatalf("the next uninstall: %v", err)
+	}
+	if fieldsHeld(get(t, c)) {
+		t.Errorf("the next uninstall left the install's fields: %+v", get(t, c).ManagedFields)
+	}
+	if _, err := deps.Apply(ctx, applied, metav1.ApplyOptions{FieldManager: "platform"}); err != nil {
+		t.Errorf("the next server-side apply: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,10 +65,24 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 		if err := r.rollout(ctx, c, operatorView(d), p.tmp, p.t, uninstalled(p.t), nil); err != nil {
 			return err
 		}
-	} else if err := r.prune(ctx, c, d.Namespace, d.Name, ""); err != nil {
+	} else if err := r.finishCutOff(ctx, c, d); err != nil {
 		return err
 	}
 	return r.rbacRemoval(ctx, c, d, "")
+}
+
+// finishCutOff finishes, where nothing rolls, what a run cut off after its
+// rollout left: the install's field ownership goes, and the ConfigMaps no
+// revision reads.
+func (r *run) finishCutOff(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) error {
+	ns, name := d.Namespace, d.Name
+	if fieldsHeld(d) {
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, fmt.Sprintf("patch deployment %s/%s, giving up the install's field ownership", ns, name))
+		if err := releaseFields(ctx, c, ns, name); err != nil {
+			return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", ns, name, err)
+		}
+	}
+	return r.prune(ctx, c, ns, name, "")
 }
 
 // planUninstall works out the Deployment's patch that gives back what
@@ -133,16 +148,35 @@ func (r *run) checkGiveBack(ctx context.Context, c kubernetes.Interface, t *targ
 				missing = append(missing, it.Key)
 			}
 		}
-		if len(missing) == 0 {
+		if len(missing) > 0 {
+			why = fmt.Sprintf("configmap %s/%s, which uninstall would give back, has no key %s, which the volume %s mounts: the pods would not start", t.dep.Namespace, vol.ConfigMap.Name, strings.Join(missing, ", "), vol.Name)
+			break
+		}
+		if why = pluginsLeft(t, vol, cm); why == "" {
 			return nil
 		}
-		why = fmt.Sprintf("configmap %s/%s, which uninstall would give back, has no key %s, which the volume %s mounts: the pods would not start", t.dep.Namespace, vol.ConfigMap.Name, strings.Join(missing, ", "), vol.Name)
 	}
 	if r.o.Force {
 		r.warn("--force: " + why)
 		return nil
 	}
 	return &RefusedError{[]string{why + "; put it back (status shows its name), or --force to uninstall all the same"}}
+}
+
+// pluginsLeft says why the image uninstall gives back cannot load the
+// Corefile of cm: it has kubeapi or k8s_event (the operator keeps the
+// plugin's options there), which only a build with k8s_event knows; ""
+// when it has neither.
+func pluginsLeft(t *target, vol corev1.Volume, cm *corev1.ConfigMap) string {
+	c, err := parseCorefile(cm.Data[t.key], t.mountedFiles(vol, cm.Data))
+	if err != nil {
+		return ""
+	}
+	found := c.externalPlugins()
+	if len(found) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("configmap %s/%s, the Corefile uninstall would give back, has %s (key %s), which image %s, the one uninstall gives back, does not have: its pods would stop on \"Unknown directive '%s'\" and crash-loop; take %s out of that Corefile first (keep the options elsewhere), then uninstall, or --force if that image has k8s_event built in", cm.Namespace, cm.Name, strings.Join(found, " and "), t.key, t.current().Image, found[len(found)-1], strings.Join(found, " and "))
 }
 
 // uninstallTemplate is the Deployment with what the install replaced
@@ -213,6 +247,9 @@ func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interfa
 	if p.tmp != nil && p.t.rec != nil {
 		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, When: when, Detail: "strategy back to " + strategyString(operatorView(d).Spec.Strategy)},
 			fmt.Sprintf("%s, patch deployment %s/%s", when, ns, name))
+	}
+	if p.patch == nil && fieldsHeld(d) {
+		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, fmt.Sprintf("patch deployment %s/%s, giving up the install's field ownership", ns, name))
 	}
 	unused, err := unusedConfigMaps(ctx, c, d, "")
 	if err != nil {

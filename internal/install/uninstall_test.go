@@ -118,3 +118,34 @@ func TestUninstallKeepsSubjectsTheOperatorAddedToTheRoleBinding(t *testing.T) {
 		t.Errorf("uninstall does not say it keeps the role:\n%s", out.String())
 	}
 }
+
+// An operator who keeps the plugin's options in their own Corefile (a
+// k8s_event block) and installs: uninstall would hand that Corefile to the
+// stock image, which stops on the unknown directive. Uninstall and its dry
+// run refuse and say so; --force goes on.
+func TestUninstallRefusesToGiveTheStockImageACorefileWithK8sEvent(t *testing.T) {
+	ctx := context.Background()
+	cm := configMap()
+	withBlock, _, err := AddPlugins(custom, []string{"level error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["Corefile"] = withBlock
+	c := newClient(deployment(), cm)
+	if err := Install(ctx, c, Options{Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dry := range []bool{true, false} {
+		var out bytes.Buffer
+		err := Uninstall(ctx, c, Options{DryRun: dry, Out: &out})
+		if !IsRefused(err) || !strings.Contains(err.Error(), "Unknown directive 'k8s_event'") || !strings.Contains(err.Error(), "registry.k8s.io/coredns/coredns:v1.13.1") {
+			t.Errorf("uninstall (dry run %v): %v, want it refused, naming the directive and the image\n%s", dry, err, out.String())
+		}
+	}
+	if get(t, c).Spec.Template.Spec.Containers[0].Image != image {
+		t.Fatal("the refused uninstall changed the Deployment")
+	}
+	if err := Uninstall(ctx, c, Options{Force: true}); err != nil {
+		t.Fatalf("uninstall --force: %v", err)
+	}
+}

@@ -58,7 +58,7 @@ func total(evs []corev1.Event) (n int32) {
 
 // stormShape is the shape of stormOf's lines, which an end quotes: what
 // the storm was about, never one client's line.
-const stormShape = "<n> <name>. A: read udp <ip>-><ip>: i/o timeout"
+const stormShape = "<n> <name>. <type>: read udp <ip>-><ip>: i/o timeout"
 
 // wantEnd checks an end event against the storm event it ends: a Normal
 // event with the storm's labels, about the same pod, and a message that

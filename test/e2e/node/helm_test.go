@@ -64,7 +64,7 @@ func TestHelmValues(t *testing.T) {
 	}
 	t.Cleanup(kube.Stop)
 	t.Logf("control plane and node Ready in %v", since(start))
-	ref := image.ParseReference(archiveRef(t, archive))
+	ref := image.ParseReference(pushedRef(t, kube, archive))
 	stockRef := image.ParseReference(stockImage)
 
 	// The rendered chart names the images of the values file and of the
@@ -107,7 +107,7 @@ func TestHelmValues(t *testing.T) {
 		}
 	}
 
-	lc := &lifecycle{t: t, kube: kube, ref: archiveRef(t, archive), dir: tmp, l: layout{
+	lc := &lifecycle{t: t, kube: kube, ref: pushedRef(t, kube, archive), dir: tmp, l: layout{
 		name: "helm -f", ns: "kube-system", deployment: "coredns", config: "coredns", service: "coredns",
 		selector: "app.kubernetes.io/name=coredns", port: 53,
 	}}

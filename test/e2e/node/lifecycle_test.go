@@ -208,7 +208,8 @@ func TestLifecycle(t *testing.T) {
 	}
 	t.Cleanup(kube.Stop)
 	t.Logf("control plane and node Ready in %v", since(start))
-	ref := archiveRef(t, archive)
+	// Installed as users do: from the registry it was pushed to.
+	ref := pushedRef(t, kube, archive)
 
 	layouts := []layout{
 		{

@@ -72,14 +72,24 @@ type nodeEnv struct {
 	ref  string // the image's full reference, which the overlay is set to
 }
 
-// archiveRef is the full reference of the image in archive, as the
-// node's containerd names it.
+// archiveRef is the full reference of the image in archive, as its
+// archive names it.
 func archiveRef(t *testing.T, archive string) string {
 	ref, err := image.Ref(archive)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ref
+}
+
+// pushedRef is the image of archive, one of the node's images, as a user
+// names it after `make push`: in the node's registry, by tag.
+func pushedRef(t *testing.T, kube *cluster.Cluster, archive string) string {
+	p, ok := kube.Image(archive)
+	if !ok {
+		t.Fatalf("%s is not in the node's registry", archive)
+	}
+	return p.Tag
 }
 
 // nodeImage is the image archive: $K8S_EVENT_IMAGE, as `make test` sets
@@ -119,7 +129,7 @@ func TestNode(t *testing.T) {
 	}
 	t.Cleanup(kube.Stop)
 	t.Logf("control plane and node Ready in %v", since(start))
-	e := &nodeEnv{t: t, kube: kube, dir: t.TempDir(), ref: archiveRef(t, archive)}
+	e := &nodeEnv{t: t, kube: kube, dir: t.TempDir(), ref: pushedRef(t, kube, archive)}
 	e.writeKustomizations()
 
 	t.Run("stock", e.stock)

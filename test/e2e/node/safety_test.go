@@ -66,7 +66,7 @@ func TestInstallSafety(t *testing.T) {
 	}
 	l := hostNetworkHelmLayout(kube)
 	l.name = "safety"
-	lc := &lifecycle{t: t, kube: kube, ref: archiveRef(t, archive), plugins: bin, dir: filepath.Join(tmp, "safety"), l: l}
+	lc := &lifecycle{t: t, kube: kube, ref: pushedRef(t, kube, archive), plugins: bin, dir: filepath.Join(tmp, "safety"), l: l}
 	lc.safety(t)
 	t.Logf("per step: failed queries, time\n%s", strings.Join(lc.report, "\n"))
 }
