@@ -308,7 +308,7 @@ func (m *model) deadlineOnReadings(l *firstLine) (time.Time, bool) {
 		if m.back.After(t) {
 			t = m.back
 		}
-		t = reading(t.Add(recoveryBound))
+		t = reading(t.Add(recoveryBound + pushbackBound))
 	}
 	if l.read {
 		refills, extra = refills+1, extra+writeTimeout

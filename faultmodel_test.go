@@ -826,8 +826,12 @@ func (m *model) deadline(l *firstLine) (time.Time, bool) {
 	if m.back.After(from) {
 		from = m.back
 	}
-	return from.Add(bound + recoveryBound), true
+	return from.Add(bound + recoveryBound + pushbackBound), true
 }
+
+// pushbackBound is what a 429 before the API server's return adds to the recovery: its hold,
+// the longest Retry-After the model asks (5 s) plus 20 %, and twice the gap after it.
+const pushbackBound = (5*time.Second + 2*pushbackGap) * 6 / 5
 
 // lateFirst says that l was not written by deadline.
 func (m *model) lateFirst(l *firstLine, deadline time.Time) error {
