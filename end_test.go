@@ -298,7 +298,7 @@ func TestEndsShrinkWhileEndInFlight(t *testing.T) {
 	drain(h)
 	api.setFault(func(r apiRequest) fault {
 		if r.verb == "create" {
-			return fault{code: http.StatusTooManyRequests, retryAfter: 3600}
+			return fault{code: http.StatusServiceUnavailable, retryAfter: 3600} // a 429 would hold every write
 		}
 		return fault{}
 	})
@@ -598,7 +598,7 @@ func TestFlushStormGetsItsEndOnceQuiet(t *testing.T) {
 		{"quiet up in the flush", time.Minute - time.Second, fault{}, true},
 		{"quiet not up by the deadline", 10 * time.Second, fault{}, false},
 		{"another's create hangs", 2 * time.Minute, fault{lost: true}, true},
-		{"another waits a Retry-After", 2 * time.Minute, fault{code: http.StatusTooManyRequests, retryAfter: 1}, true},
+		{"another waits a Retry-After", 2 * time.Minute, fault{code: http.StatusServiceUnavailable, retryAfter: 1}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h, api, clk := newTestHarness(t, withQuiet(100, 100, time.Minute))

@@ -26,7 +26,8 @@ import (
 )
 
 // fakeAPI is a small kube-apiserver for unit tests: create and patch of
-// core/v1 events, get and list (by a field selector on the name) of pods, served over HTTP to the real
+// core/v1 events, get and list (by a field selector on the name) of pods, get of apps/v1
+// replicasets, deployments and daemonsets, served over HTTP to the real
 // client-go. Contexts, time-outs, cancellation and client-go's handling of
 // answers are therefore the real ones. A fault function may break any
 // request: refuse the connection, answer with an error status, hang, reset
@@ -43,6 +44,7 @@ type fakeAPI struct {
 	mu       sync.Mutex
 	events   map[string]*corev1.Event // by namespace/name
 	pods     map[string]*corev1.Pod
+	apps     map[string]any    // apps/v1 objects, by resource/namespace/name
 	reasons  map[string]string // the reason of every event name ever created
 	plugins  map[string]string // the plugin of every event name ever created
 	requests []apiRequest      // every request that reached the server
@@ -94,7 +96,7 @@ func (api *fakeAPI) close() {
 
 // startFakeAPI starts a fake API server; close stops it.
 func startFakeAPI(clk clock.PassiveClock) (*fakeAPI, error) {
-	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, reasons: map[string]string{}, plugins: map[string]string{}, sent: map[int]sentRequest{}, closing: make(chan struct{})}
+	api := &fakeAPI{clock: clk, events: map[string]*corev1.Event{}, pods: map[string]*corev1.Pod{}, apps: map[string]any{}, reasons: map[string]string{}, plugins: map[string]string{}, sent: map[int]sentRequest{}, closing: make(chan struct{})}
 	api.srv = httptest.NewServer(http.HandlerFunc(api.serve))
 	cfg := &rest.Config{
 		Host: api.srv.URL, // client-go's defaults, as kubeapi leaves them: QPS 5, burst 10
@@ -208,8 +210,8 @@ func (api *fakeAPI) setFault(f func(apiRequest) fault) {
 // describe names a request by its method and path; reason is filled in
 // for event writes. Called with api.mu held.
 func (api *fakeAPI) describe(r *http.Request, ev *corev1.Event) apiRequest {
-	// /api/v1/namespaces/NS/RESOURCE[/NAME]
-	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	// /api/v1/namespaces/NS/RESOURCE[/NAME], /apis/apps/v1/namespaces/NS/RESOURCE[/NAME]
+	parts := pathParts(r)
 	req := apiRequest{at: api.clock.Now()}
 	if ev != nil {
 		req.reason, req.plugin = ev.Reason, ev.Labels[labelPlugin]
@@ -235,6 +237,15 @@ func (api *fakeAPI) describe(r *http.Request, ev *corev1.Event) apiRequest {
 		}
 	}
 	return req
+}
+
+// pathParts is a request's path from "api", as a core/v1 path has it.
+func pathParts(r *http.Request) []string {
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	if len(parts) > 0 && parts[0] == "apis" {
+		parts = parts[1:]
+	}
+	return parts
 }
 
 func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
@@ -306,10 +317,16 @@ func (api *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 
 // handle carries out a request that meets no fault, and returns its status.
 func (api *fakeAPI) handle(w http.ResponseWriter, r *http.Request, req apiRequest, ev *corev1.Event) int {
-	ns := strings.Split(strings.Trim(r.URL.Path, "/"), "/")[3]
+	ns := pathParts(r)[3]
 	api.mu.Lock()
 	defer api.mu.Unlock()
 	switch {
+	case req.resource == "replicasets" || req.resource == "deployments" || req.resource == "daemonsets":
+		obj, ok := api.apps[req.resource+"/"+ns+"/"+req.name]
+		if !ok || req.verb != "get" {
+			return writeStatus(w, http.StatusNotFound, 0, req)
+		}
+		return writeObject(w, http.StatusOK, obj)
 	case req.resource == "pods" && req.verb == "list":
 		list := corev1.PodList{TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"}}
 		name := strings.TrimPrefix(r.URL.Query().Get("fieldSelector"), "metadata.name=")
@@ -439,6 +456,13 @@ func (api *fakeAPI) expire() (counts int64) {
 	}
 	clear(api.events)
 	return counts
+}
+
+// addApp stores an apps/v1 object of resource (replicasets, deployments, daemonsets).
+func (api *fakeAPI) addApp(resource string, obj metav1.Object) {
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	api.apps[resource+"/"+obj.GetNamespace()+"/"+obj.GetName()] = obj
 }
 
 func (api *fakeAPI) addPod(pod *corev1.Pod) {

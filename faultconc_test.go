@@ -48,8 +48,8 @@ func TestFaultModelConcurrent(t *testing.T) {
 func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	// m drives the run; faults draws the faults, in the writers' goroutines,
 	// under the fake API's lock, from a generator of its own.
-	m := &model{rng: rand.New(rand.NewPCG(seed, 0xc0c0)), clk: newSteppedClock(), stats: stats}
-	faults := &model{rng: rand.New(rand.NewPCG(seed, 0xfa17)), stats: stats}
+	m := &model{rng: rand.New(rand.NewPCG(seed, 0xc0c0)), clk: newSteppedClock(), stats: stats, held: &heldCheck{}}
+	faults := &model{rng: rand.New(rand.NewPCG(seed, 0xfa17)), stats: stats, held: m.held}
 	if m.api, err = startFakeAPI(m.clk); err != nil {
 		return err
 	}
@@ -84,6 +84,8 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	m.p.sched.flushPause = time.Millisecond
 	m.p.sched.rand = rand.New(rand.NewPCG(seed, 1))
 	m.watch = watchPipelineOrder(m.p)
+	watched := m.p.outcome
+	m.p.outcome = func(res result, now time.Time) { m.held.told(res, now); watched(res, now) }
 	defer m.p.cancel()
 	m.p.start()
 	stats.seeds++
@@ -306,7 +308,7 @@ func (m *model) deadlineOnReadings(l *firstLine) (time.Time, bool) {
 		if m.back.After(t) {
 			t = m.back
 		}
-		t = reading(t.Add(recoveryBound))
+		t = reading(t.Add(recoveryBound + pushbackBound))
 	}
 	if l.read {
 		refills, extra = refills+1, extra+writeTimeout

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,6 +118,48 @@ type model struct {
 	readings []time.Time    // the concurrent model's clock readings
 	back     time.Time      // when the API last came back from an outage
 	qps      float64        // the rate in effect
+	held     *heldCheck     // the Retry-Afters the scheduler was told, shared with the faults' model
+}
+
+// heldCheck holds the scheduler to the 429s it was told: no request of any kind leaves within
+// max(Retry-After, 1 s) of the answer reaching it.
+type heldCheck struct {
+	mu      sync.Mutex
+	from    time.Time
+	until   time.Time
+	checked int
+	err     error
+}
+
+// told takes an answer as the scheduler gets it, at now.
+func (c *heldCheck) told(res result, now time.Time) {
+	if statusCode(res.err) != http.StatusTooManyRequests {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if until := now.Add(max(res.retryAfter, time.Second)); until.After(c.until) {
+		c.from, c.until = now, until
+	}
+}
+
+// leaves takes a request leaving the client at at.
+func (c *heldCheck) leaves(r apiRequest) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.at.After(c.from) && r.at.Before(c.until) {
+		if c.err == nil {
+			c.err = fmt.Errorf("a %s of %s left at %v, within the Retry-After told at %v until %v", r.verb, r.resource, r.at, c.from, c.until)
+		}
+		return
+	}
+	c.checked++
+}
+
+func (c *heldCheck) failed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
 }
 
 var (
@@ -131,7 +175,7 @@ var (
 )
 
 func runFaultModel(seed uint64, stats *faultStats) (err error) {
-	m := &model{rng: rand.New(rand.NewPCG(seed, 0x6b38)), clk: newSteppedClock(), stats: stats}
+	m := &model{rng: rand.New(rand.NewPCG(seed, 0x6b38)), clk: newSteppedClock(), stats: stats, held: &heldCheck{}}
 	if m.api, err = startFakeAPI(m.clk); err != nil {
 		return err
 	}
@@ -159,6 +203,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.h.lostAfter = writeTimeout
 	m.h.writeTimeout = 250 * time.Millisecond
 	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
+	m.h.got = m.held.told
 	m.watchOrder()
 	m.back = m.clk.Now().Add(-recoveryBound) // no outage before
 	// A quarter of the answers come back late, up to a second, and so out
@@ -188,6 +233,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 // fault decides what happens to one request; the mode of the step sets
 // the odds.
 func (m *model) fault(r apiRequest) fault {
+	m.held.leaves(r)
 	var f fault
 	var kind string
 	switch m.mode {
@@ -475,6 +521,9 @@ func (m *model) check() error {
 // the API, pod reads included, over any interval T, are at most BURST +
 // QPS x T.
 func (m *model) checkBound() error {
+	if err := m.held.failed(); err != nil {
+		return err
+	}
 	m.api.mu.Lock()
 	byBucket := map[string][]time.Time{}
 	for _, r := range m.api.requests {
@@ -777,8 +826,12 @@ func (m *model) deadline(l *firstLine) (time.Time, bool) {
 	if m.back.After(from) {
 		from = m.back
 	}
-	return from.Add(bound + recoveryBound), true
+	return from.Add(bound + recoveryBound + pushbackBound), true
 }
+
+// pushbackBound is what a 429 before the API server's return adds to the recovery: its hold,
+// the longest Retry-After the model asks (5 s) plus 20 %, and twice the gap after it.
+const pushbackBound = (5*time.Second + 2*pushbackGap) * 6 / 5
 
 // lateFirst says that l was not written by deadline.
 func (m *model) lateFirst(l *firstLine, deadline time.Time) error {

@@ -75,6 +75,7 @@ type harness struct {
 	hold         func(request) time.Duration                // how long the answer of a request is held back; nil: none
 	dispatch     func(now time.Time) ([]request, time.Time) // the scheduler's dispatch, or a model's around it
 	sent         func(r request, res result)                // shown each answer as the API gives it, before the scheduler has it
+	got          func(res result, now time.Time)            // shown each answer as the scheduler gets it
 	later        []delayed                                  // results still to come, by time
 	reports      []error                                    // what the scheduler said of failed writes
 	failed       []error                                    // what a model found wrong while it ran
@@ -151,7 +152,7 @@ func (h *harness) run() time.Time {
 		for len(h.later) > 0 && !h.later[0].at.After(now) {
 			res := h.later[0].res
 			h.later = h.later[1:]
-			h.s.outcome(res, now)
+			h.outcome(res, now)
 		}
 		reqs, wake := h.dispatch(now)
 		if len(reqs) == 0 {
@@ -184,7 +185,15 @@ func (h *harness) send(r request) {
 		slices.SortStableFunc(h.later, func(a, b delayed) int { return a.at.Compare(b.at) })
 		return
 	}
-	h.s.outcome(res, h.clk.Now())
+	h.outcome(res, h.clk.Now())
+}
+
+// outcome hands the scheduler a result.
+func (h *harness) outcome(res result, now time.Time) {
+	if h.got != nil {
+		h.got(res, now)
+	}
+	h.s.outcome(res, now)
 }
 
 // next is the earliest of wake and the results still to come; zero if none.
@@ -226,7 +235,7 @@ func (h *harness) stop(timeout time.Duration) {
 			h.clk.SetTime(deadline)
 			h.s.expire()
 			for _, d := range h.later {
-				h.s.outcome(d.res, deadline)
+				h.outcome(d.res, deadline)
 			}
 			h.later = nil
 			break
@@ -249,7 +258,7 @@ func (h *harness) fatal(ln line) {
 	ctx, cancel := context.WithTimeout(context.Background(), fatalTimeout)
 	res := do(ctx, h.client, req)
 	cancel()
-	h.s.outcome(res, h.clk.Now())
+	h.outcome(res, h.clk.Now())
 	if res.outcome != writeOK {
 		t.drop(dropFailed)
 		return

@@ -77,7 +77,15 @@ func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, 
 	case cfg.quietSet && inst.cfg.quietSet && cfg.quiet != inst.cfg.quiet:
 		return nil, fmt.Errorf("quiet %s conflicts with quiet %s of another server block: quiet is process-wide",
 			quietString(cfg.quiet), quietString(inst.cfg.quiet))
+	case cfg.fleetSet && inst.cfg.fleetSet && !sameFleet(cfg, inst.cfg):
+		return nil, fmt.Errorf("fleet %g %d conflicts with fleet %g %d of another server block: "+
+			"fleet is process-wide",
+			cfg.fleetQPS, cfg.fleetBurst, inst.cfg.fleetQPS, inst.cfg.fleetBurst)
 	default:
+		if cfg.fleetSet && !inst.cfg.fleetSet {
+			inst.cfg.fleetQPS, inst.cfg.fleetBurst = cfg.fleetQPS, cfg.fleetBurst
+			inst.cfg.fleetSet = true
+		}
 		if cfg.quietSet && !inst.cfg.quietSet {
 			inst.cfg.quiet, inst.cfg.quietSet = cfg.quiet, true
 		}
@@ -91,6 +99,10 @@ func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, 
 		return inst, nil
 	}
 	return nil, nil
+}
+
+func sameFleet(a, b config) bool {
+	return a.fleetQPS == b.fleetQPS && a.fleetBurst == b.fleetBurst
 }
 
 func sameRate(a, b config) bool {

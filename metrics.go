@@ -65,6 +65,18 @@ var (
 		Buckets:   []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
 	}, []string{"verb"})
 
+	heldTotal = promauto.NewCounter(prometheus.CounterOpts(opts("server_held_seconds_total",
+		"Counter of the seconds every request of this replica was held back because the API "+
+			"server answered 429 Too Many Requests: the Retry-After, at least 1 s, with jitter.")))
+
+	fleetReplicas = promauto.NewGauge(prometheus.GaugeOpts(opts("fleet_replicas",
+		"Number of pods of this pod's workload that the fleet option shares its bound "+
+			"among (N); 0 while N is not read, or without fleet.")))
+
+	fleetUncounted = promauto.NewGauge(prometheus.GaugeOpts(opts("fleet_uncounted",
+		"1 when the fleet option is set and the pods of the workload cannot be counted, "+
+			"so that only rate bounds the writes; 0 otherwise.")))
+
 	pendingLines = promauto.NewGauge(prometheus.GaugeOpts(opts("pending_lines",
 		"Number of captured lines that no successful write has carried yet and that are not dropped.")))
 )

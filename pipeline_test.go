@@ -314,8 +314,8 @@ func TestHandedBackTokenGoesToAnEventThatUsesIt(t *testing.T) {
 	}
 	answer(h, xy[1], fault{}) // Y reached the server
 	clk.Step(300 * time.Second)
-	api.setFault(func(apiRequest) fault { return fault{code: http.StatusTooManyRequests, retryAfter: 600} })
-	drain(h) // A, with the refill: 429, Retry-After 600 s
+	api.setFault(func(apiRequest) fault { return fault{code: http.StatusServiceUnavailable, retryAfter: 600} })
+	drain(h) // A, with the refill: 503, Retry-After 600 s (a 429 would hold B too)
 	api.setFault(nil)
 	h.observe(ln(levelError, "errors", "upstream B down", clk.Now()))
 	if reqs := sendNow(h); len(reqs) != 0 {

@@ -33,7 +33,12 @@ type bound struct {
 }
 
 func newBucket(qps float64, burst int, now time.Time) *bucket {
-	return &bucket{qps: qps, burst: float64(burst), tokens: float64(burst), at: now, out: map[uint64]struct{}{}}
+	return newShareBucket(qps, float64(burst), now)
+}
+
+// newShareBucket is a bucket whose burst may be a part of a token, as a replica's share of a fleet.
+func newShareBucket(qps, burst float64, now time.Time) *bucket {
+	return &bucket{qps: qps, burst: burst, tokens: burst, at: now, out: map[uint64]struct{}{}}
 }
 
 func (b *bucket) advance(now time.Time) {
@@ -125,15 +130,25 @@ func (b *bucket) last(now time.Time) bool {
 }
 
 // set takes a new rate and burst; the tokens stay, up to the new burst.
-func (b *bucket) set(qps float64, burst int, now time.Time) {
+func (b *bucket) set(qps float64, burst int, now time.Time) { b.setRate(qps, float64(burst), now) }
+
+// setRate is set, with a burst that may be a part of a token.
+func (b *bucket) setRate(qps, burst float64, now time.Time) {
 	b.advance(now)
 	// The old BURST now is a bound still: a greater one does not fill the bucket at once.
 	b.bounds = append(b.bounds, bound{v: b.burst, ids: map[uint64]struct{}{}})
-	b.qps, b.burst = qps, float64(burst)
+	b.qps, b.burst = qps, burst
 	b.prune()
 }
 
 func (b *bucket) inFlight() int { return len(b.out) }
+
+// untouched tells that no token was ever taken, or all were given back, and none is out: the
+// bucket is full.
+func (b *bucket) untouched(now time.Time) bool {
+	b.advance(now)
+	return len(b.out) == 0 && b.tokens >= b.burst
+}
 
 const (
 	// Failed writes back off exponentially, with up to 20% jitter, from retryBase to retryMax; an

@@ -3,9 +3,11 @@ package k8s_event
 import (
 	"cmp"
 	"container/heap"
+	"errors"
 	"maps"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"time"
 )
@@ -38,6 +40,7 @@ type flight struct {
 	full   bool   // the count is 2^31-1: the object is full
 	retry  bool   // a create under a name tried before
 	read   bool   // a read of the pod, made for a create
+	fleet  bool   // a read of the workload, made for a write (fleet.go)
 }
 
 type scheduler struct {
@@ -52,6 +55,8 @@ type scheduler struct {
 	flights  map[uint64]flight
 	lastID   uint64
 	pod      podIdentity
+	push     pushback // the API server's 429s: every bucket waits
+	fleet    *fleet   // the share of the fleet option, and the herd spread
 	names    *eventNames
 	rand     *rand.Rand
 	doubtful int64 // lines dropped whose latest write may have landed unanswered
@@ -82,6 +87,11 @@ func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 		report:     func(time.Time, error) {},
 		flushPause: flushPause,
 	}
+	podName := ""
+	if pod.ref.Kind == "Pod" {
+		podName = pod.ref.Name
+	}
+	s.fleet = newFleet(set.fleetQPS, set.fleetBurst, podName, now)
 	s.corr = newCorrelator(set.cacheSize, s.evicted)
 	s.corr.quiet = set.quiet
 	for b := range s.buckets {
@@ -116,6 +126,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 		b.set(set.qps, set.burst, now)
 	}
 	s.set = set
+	s.fleet.apply(set.fleetQPS, set.fleetBurst, now)
 	s.corr.cache.resize(set.cacheSize)
 	s.corr.quiet = set.quiet
 	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
@@ -226,6 +237,10 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		if e == nil || bk.inFlight() >= maxInFlight && q.flying[e.key.plugin] > 0 {
 			break // else a result comes, and asks again
 		}
+		if w := s.push.wait(now); w > 0 { // the API server asked the replica to wait
+			soon(now.Add(w))
+			break
+		}
 		read := false // a create first waits for, or makes, the read of the pod
 		if e.end != nil || e.name == "" {
 			w, must := s.pod.readDue(now, s.stopping)
@@ -237,6 +252,31 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			}
 			read = must
 		}
+		fleetRead, write := false, !read
+		if write {
+			w, due, must := s.fleet.readDue(now, s.stopping)
+			if must { // the write waits for N
+				if w > 0 {
+					soon(now.Add(w))
+				}
+				break
+			}
+			fleetRead = s.fleetReadable(due, now)
+			write = !fleetRead
+		}
+		if write && !s.stopping {
+			if w := s.fleet.herdWait(now, s.rand); w > 0 { // the herd spread
+				soon(now.Add(w))
+				break
+			}
+		}
+		if write {
+			if w := s.fleet.wait(b, now); w > 0 { // the share of the fleet is spent
+				s.deferred(e, b)
+				soon(now.Add(w))
+				break
+			}
+		}
 		if s.holding(b, e, now) {
 			break
 		}
@@ -246,16 +286,34 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			soon(now.Add(bk.wait(now)))
 			break
 		}
+		s.push.sent(now, s.rand)
 		if read { // e stays first in the queue until the read is back
 			s.flights[id] = flight{bucket: b, verb: s.pod.verb, read: true}
 			reqs = append(reqs, s.pod.read(id))
 			continue
 		}
+		if fleetRead { // so does it for a read of the workload
+			s.flights[id] = flight{bucket: b, verb: s.fleet.next, fleet: true}
+			reqs = append(reqs, s.fleet.read(id, s.pod.namespace(), now))
+			continue
+		}
+		s.fleet.take(b, id, now)
+		s.fleet.wrote()
 		q.served(e)
 		q.flying[e.key.plugin]++
 		reqs = append(reqs, s.prepare(e, id, b, now))
 	}
 	return reqs
+}
+
+// fleetReadable tells that a read of the workload is due and can be made: without the pod's
+// name there is no workload to read, said once.
+func (s *scheduler) fleetReadable(due bool, now time.Time) bool {
+	if due && s.fleet.name == "" {
+		s.report(now, s.fleet.give(errors.New(envPodName+" or "+envNamespace+" is not set")))
+		return false
+	}
+	return due
 }
 
 // holding tells that, in the flush, bucket b's last token waits for a patch in flight (for at most
@@ -281,7 +339,12 @@ func (s *scheduler) showDelays() {
 			// The wall time now less the time that passed: a step of the wall clock is no wait.
 			since = s.now.UnixNano() - int64(s.now.Sub(f.Value.(*entry).first))
 		}
-		bound := time.Duration(min(float64(max(len(s.queues[l].turns), 1))/s.set.qps, 365*24*3600)*1e9) + writeTimeout
+		qps := s.set.qps
+		if s.fleet.on() { // the share refills slower, and the herd's window comes first
+			qps = min(qps, s.fleet.buckets[l].qps)
+		}
+		refills := min(float64(max(len(s.queues[l].turns), 1))/qps, 365*24*3600)
+		bound := time.Duration(refills*1e9) + writeTimeout + s.fleet.window()
 		if s.pod.lookup {
 			bound += writeTimeout
 		}
@@ -405,10 +468,14 @@ func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request
 // waits for nothing: not for the pod's UID, not for any other request.
 func (s *scheduler) fatal(ln line, now time.Time) (request, bool) {
 	id := s.nextID()
-	if bk := s.buckets[levelFatal]; bk.inFlight() >= maxInFlight || !bk.take(id, now) {
+	bk := s.buckets[levelFatal]
+	held := s.push.wait(now) > 0 || s.fleet.wait(levelFatal, now) > 0
+	if held || bk.inFlight() >= maxInFlight || !bk.take(id, now) {
 		throttled[levelFatal].Inc()
 		return request{}, false
 	}
+	s.fleet.take(levelFatal, id, now)
+	s.push.sent(now, s.rand)
 	msg := eventMessage(ln.text)
 	spec := writeSpec{key: eventKey{level: levelFatal, plugin: ln.plugin, message: msg}, message: msg, count: 1, first: ln.at, last: ln.at}
 	ns, name := s.pod.namespace(), s.names.next(s.pod.ref.Name, now)
@@ -424,6 +491,15 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	delete(s.flights, res.id)
 	s.now = now
 	s.buckets[f.bucket].settle(res.id, res.reached, now)
+	s.fleet.settle(f.bucket, res.id, res.reached, now)
+	switch code := statusCode(res.err); {
+	case code == http.StatusTooManyRequests:
+		heldTotal.Add(s.push.tooMany(now, res.retryAfter, s.rand).Seconds())
+	case res.err != nil && (code == 0 || code >= 500): // the API server is away
+		s.fleet.outage()
+	case res.err == nil && !f.read && !f.fleet:
+		s.push.succeeded()
+	}
 	if q := s.queues[f.bucket]; f.e != nil { // its plugin has one fewer out
 		f.e.inflight = 0
 		if q.flying[f.e.key.plugin]--; q.flying[f.e.key.plugin] <= 0 {
@@ -434,6 +510,9 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	case f.read:
 		countAnswer(res, "")
 		s.report(now, s.pod.readDone(res, now, s.rand))
+	case f.fleet:
+		countAnswer(res, "")
+		s.report(now, s.fleet.readDone(f.verb, res, now, s.rand))
 	case f.e == nil: // a fatal line's: its caller keeps its account
 		if res.unsure {
 			s.doubtful++

@@ -46,6 +46,10 @@ type config struct {
 	rateSet   bool          // rate was given explicitly
 	quiet     time.Duration // 0: storms' ends are not said
 	quietSet  bool          // quiet was given explicitly
+
+	fleetQPS   float64 // for all the pods of the workload, per reason; 0: no fleet bound
+	fleetBurst int
+	fleetSet   bool // fleet was given explicitly
 }
 
 func setup(c *caddy.Controller) error {
@@ -96,6 +100,11 @@ func parse(c *caddy.Controller) (config, error) {
 					return cfg, err
 				}
 				cfg.rateSet = true
+			case "fleet":
+				if err := parseFleet(c, c.RemainingArgs(), &cfg); err != nil {
+					return cfg, err
+				}
+				cfg.fleetSet = true
 			case "quiet":
 				quiet, err := parseQuiet(c, c.RemainingArgs())
 				if err != nil {
@@ -129,21 +138,47 @@ func parseRate(c *caddy.Controller, args []string, cfg *config) error {
 	if len(args) == 0 || len(args) > 3 {
 		return c.Errf("rate takes 1 to 3 values, [QPS] [BURST] [CACHESIZE]: %q", strings.Join(args, " "))
 	}
-	qps, err := strconv.ParseFloat(args[0], 64)
-	if err != nil || math.IsNaN(qps) || math.IsInf(qps, 0) || strings.ContainsAny(args[0], "_xXpP") {
-		return c.Errf("rate QPS must be a number: %q", args[0])
-	}
-	if qps <= 0 || qps > maxQPS {
-		return c.Errf("rate QPS must be in range (0, %g]: %s", maxQPS, args[0])
+	qps, err := parseQPS(c, "rate", args[0])
+	if err != nil {
+		return err
 	}
 	cfg.qps = qps
 	if len(args) > 1 {
-		cfg.burst, err = parseInt(c, "BURST", args[1], maxBurst)
+		cfg.burst, err = parseInt(c, "rate BURST", args[1], maxBurst)
 	}
 	if len(args) > 2 && err == nil {
-		cfg.cacheSize, err = parseInt(c, "CACHESIZE", args[2], maxCacheSize)
+		cfg.cacheSize, err = parseInt(c, "rate CACHESIZE", args[2], maxCacheSize)
 	}
 	return err
+}
+
+// parseFleet reads `fleet QPS [BURST]`: the bound of all the pods of the workload together, in
+// the ranges of rate's QPS and BURST; BURST defaults to rate's default.
+func parseFleet(c *caddy.Controller, args []string, cfg *config) error {
+	if len(args) == 0 || len(args) > 2 {
+		return c.Errf("fleet takes 1 or 2 values, QPS [BURST]: %q", strings.Join(args, " "))
+	}
+	qps, err := parseQPS(c, "fleet", args[0])
+	if err != nil {
+		return err
+	}
+	cfg.fleetQPS, cfg.fleetBurst = qps, defaultBurst
+	if len(args) > 1 {
+		cfg.fleetBurst, err = parseInt(c, "fleet BURST", args[1], maxBurst)
+	}
+	return err
+}
+
+// parseQPS reads the QPS of option: a number in (0, maxQPS].
+func parseQPS(c *caddy.Controller, option, arg string) (float64, error) {
+	qps, err := strconv.ParseFloat(arg, 64)
+	if err != nil || math.IsNaN(qps) || math.IsInf(qps, 0) || strings.ContainsAny(arg, "_xXpP") {
+		return 0, c.Errf("%s QPS must be a number: %q", option, arg)
+	}
+	if qps <= 0 || qps > maxQPS {
+		return 0, c.Errf("%s QPS must be in range (0, %g]: %s", option, maxQPS, arg)
+	}
+	return qps, nil
 }
 
 // parseQuiet reads `quiet DURATION|off`: a Go duration in [1s, 24h], or off (returned as 0).
@@ -167,16 +202,21 @@ func parseQuiet(c *caddy.Controller, args []string) (time.Duration, error) {
 func parseInt(c *caddy.Controller, name, arg string, max int) (int, error) {
 	n, err := strconv.Atoi(arg)
 	if err != nil {
-		return 0, c.Errf("rate %s must be an integer: %q", name, arg)
+		return 0, c.Errf("%s must be an integer: %q", name, arg)
 	}
 	if n < 1 || n > max {
-		return 0, c.Errf("rate %s must be in range [1, %d]: %s", name, max, arg)
+		return 0, c.Errf("%s must be in range [1, %d]: %s", name, max, arg)
 	}
 	return n, nil
 }
 
 func (c config) String() string {
-	return fmt.Sprintf("level %s; rate %g %d %d; quiet %s", c.levels, c.qps, c.burst, c.cacheSize, quietString(c.quiet))
+	s := fmt.Sprintf("level %s; rate %g %d %d; quiet %s",
+		c.levels, c.qps, c.burst, c.cacheSize, quietString(c.quiet))
+	if c.fleetQPS > 0 {
+		s += fmt.Sprintf("; fleet %g %d", c.fleetQPS, c.fleetBurst)
+	}
+	return s
 }
 
 // quietString is a quiet value as the Corefile says it.

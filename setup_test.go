@@ -30,6 +30,11 @@ func TestParse(t *testing.T) {
 	defaults := parsed(levelsOf(levelError, levelWarning), 1.0/300, 25, 4096, false)
 	withLevels := func(ls ...level) config { c := defaults; c.levels = levelsOf(ls...); return c }
 	withQuiet := func(d time.Duration) config { c := defaults; c.quiet, c.quietSet = d, true; return c }
+	withFleet := func(qps float64, burst int) config {
+		c := defaults
+		c.fleetQPS, c.fleetBurst, c.fleetSet = qps, burst, true
+		return c
+	}
 
 	tests := []struct {
 		input              string
@@ -120,6 +125,21 @@ func TestParse(t *testing.T) {
 		{"k8s_event {\nrate 1 25 0\n}", true, []string{"rate CACHESIZE", "[1, 1048576]: 0"}, config{}},
 		{"k8s_event {\nrate 1 25 1048577\n}", true, []string{"rate CACHESIZE", "[1, 1048576]: 1048577"}, config{}},
 		{"k8s_event {\nrate 1 25 2.5\n}", true, []string{"rate CACHESIZE", `"2.5"`}, config{}},
+
+		// fleet: QPS and BURST in rate's ranges, BURST defaults to rate's default
+		{"k8s_event {\nfleet 2\n}", false, nil, withFleet(2, 25)},
+		{"k8s_event {\nfleet 0.5 100\n}", false, nil, withFleet(0.5, 100)},
+		{"k8s_event {\nfleet 1000 10000\n}", false, nil, withFleet(1000, 10000)},
+		{"k8s_event {\nfleet\n}", true, []string{"fleet takes 1 or 2 values", `""`}, config{}},
+		{"k8s_event {\nfleet 1 2 3\n}", true, []string{"fleet takes 1 or 2 values", `"1 2 3"`}, config{}},
+		{"k8s_event {\nfleet 0\n}", true, []string{"fleet QPS", "(0, 1000]: 0"}, config{}},
+		{"k8s_event {\nfleet 1001\n}", true, []string{"fleet QPS", "(0, 1000]: 1001"}, config{}},
+		{"k8s_event {\nfleet NaN\n}", true, []string{"fleet QPS", `"NaN"`}, config{}},
+		{"k8s_event {\nfleet 0x1\n}", true, []string{"fleet QPS", `"0x1"`}, config{}},
+		{"k8s_event {\nfleet 1 0\n}", true, []string{"fleet BURST", "[1, 10000]: 0"}, config{}},
+		{"k8s_event {\nfleet 1 10001\n}", true, []string{"fleet BURST", "[1, 10000]: 10001"}, config{}},
+		{"k8s_event {\nfleet 1 2.5\n}", true, []string{"fleet BURST", `"2.5"`}, config{}},
+		{"k8s_event {\nfleet 1\nfleet 2\n}", true, []string{"fleet given twice"}, config{}},
 
 		// negative: the stanza itself
 		{"k8s_event {\nfoo bar\n}", true, []string{"unknown property", `"foo"`}, config{}},
@@ -349,5 +369,31 @@ func TestSetupErrors(t *testing.T) {
 		if !strings.Contains(err.Error(), test.expectedErrContent) {
 			t.Errorf("Test %d: expected error to contain %q, got: %v", i, test.expectedErrContent, err)
 		}
+	}
+}
+
+// TestAddBlockFleet: fleet is process-wide, as rate is: a block without it takes the one given,
+// and two different fleet lines are an error that names both.
+func TestAddBlockFleet(t *testing.T) {
+	add := func(stanzas ...string) (config, error) {
+		inst := &instance{}
+		for _, st := range stanzas {
+			cfg, err := parse(caddy.NewTestController("dns", st))
+			if err != nil {
+				return config{}, err
+			}
+			if _, err := inst.addBlock(cfg, &dnsserver.Config{}); err != nil {
+				return config{}, err
+			}
+		}
+		return inst.cfg, nil
+	}
+	cfg, err := add("k8s_event", "k8s_event {\nfleet 2 50\n}", "k8s_event {\nfleet 2 50\n}")
+	if err != nil || cfg.fleetQPS != 2 || cfg.fleetBurst != 50 {
+		t.Errorf("fleet %v %v, error %v: want 2 50 taken from the block that gives it", cfg.fleetQPS, cfg.fleetBurst, err)
+	}
+	_, err = add("k8s_event {\nfleet 2 50\n}", "k8s_event {\nfleet 3\n}")
+	if err == nil || !strings.Contains(err.Error(), "fleet 3 25 conflicts with fleet 2 50") {
+		t.Errorf("error %v, want the two fleet lines named", err)
 	}
 }

@@ -11,12 +11,16 @@ import (
 	"time"
 
 	clog "github.com/coredns/coredns/plugin/pkg/log"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 )
 
 // Writers do I/O only: a prepared request in, what happened out; the scheduler decides what the
@@ -34,9 +38,20 @@ const (
 	verbPatch
 	verbListPod // the pod, by a field selector on its name: needs list, as CoreDNS has
 	verbGetPod  // the pod by name: needs get, tried when list is refused
+	// The reads of the workload, for fleet (fleet.go): each by name, with get.
+	verbGetReplicaSet
+	verbGetDeployment
+	verbGetDaemonSet
 )
 
-var verbNames = [...]string{"create", "patch", "list", "get"}
+var verbNames = [...]string{"create", "patch", "list", "get", "get", "get", "get"}
+
+// workloadResources are the apps/v1 resources the workload reads get.
+var workloadResources = map[verb]string{
+	verbGetReplicaSet: "replicasets",
+	verbGetDeployment: "deployments",
+	verbGetDaemonSet:  "daemonsets",
+}
 
 func (v verb) String() string { return verbNames[v] }
 
@@ -69,7 +84,9 @@ type result struct {
 	unsure     bool // it reached the API and got no answer or a 5xx: it may have been applied
 	retryAfter time.Duration
 	err        error
-	uid        types.UID // of the pod, after a read
+	uid        types.UID             // of the pod, after a read
+	owner      metav1.OwnerReference // the controller of the pod or ReplicaSet read; empty if none
+	want       int                   // the pods the workload read wants
 }
 
 // do makes one request with client and tells what happened.
@@ -83,8 +100,19 @@ func do(ctx context.Context, client kubernetes.Interface, r request) result {
 		into runtime.Object
 		list corev1.PodList
 		pod  corev1.Pod
+		rs   appsv1.ReplicaSet
+		dep  appsv1.Deployment
+		ds   appsv1.DaemonSet
 	)
 	switch r.verb {
+	case verbGetReplicaSet, verbGetDeployment, verbGetDaemonSet:
+		req = client.AppsV1().RESTClient().Get().Namespace(r.namespace).
+			Resource(workloadResources[r.verb]).Name(r.name)
+		into = map[verb]runtime.Object{
+			verbGetReplicaSet: &rs,
+			verbGetDeployment: &dep,
+			verbGetDaemonSet:  &ds,
+		}[r.verb]
 	case verbCreate:
 		req = rc.Post().Namespace(r.namespace).Resource("events").Body(r.event)
 	case verbPatch:
@@ -106,6 +134,9 @@ func do(ctx context.Context, client kubernetes.Interface, r request) result {
 	}
 	res := classify(reached, err)
 	res.id, res.uid = r.id, pod.UID
+	if err == nil {
+		res.owner, res.want = wants(r.verb, &pod, &rs, &dep, &ds)
+	}
 	if apierrors.IsAlreadyExists(err) {
 		res.outcome = writeExists
 	}
@@ -114,6 +145,37 @@ func do(ctx context.Context, client kubernetes.Interface, r request) result {
 	}
 	requestSeconds.WithLabelValues(r.verb.String()).Observe(time.Since(start).Seconds())
 	return res
+}
+
+// wants is the controller of the object a read got, and the pods it wants: a ReplicaSet's
+// replicas, a Deployment's replicas and maxSurge (the most pods a rollout runs at once), a
+// DaemonSet's desiredNumberScheduled.
+func wants(v verb, pod *corev1.Pod, rs *appsv1.ReplicaSet, dep *appsv1.Deployment,
+	ds *appsv1.DaemonSet) (metav1.OwnerReference, int) {
+	var owner metav1.OwnerReference
+	controller := func(refs []metav1.OwnerReference) {
+		ref := metav1.GetControllerOfNoCopy(&metav1.ObjectMeta{OwnerReferences: refs})
+		if ref != nil {
+			owner = *ref
+		}
+	}
+	switch v {
+	case verbListPod, verbGetPod:
+		controller(pod.OwnerReferences)
+	case verbGetReplicaSet:
+		controller(rs.OwnerReferences)
+		return owner, int(ptr.Deref(rs.Spec.Replicas, 1))
+	case verbGetDeployment:
+		replicas := int(ptr.Deref(dep.Spec.Replicas, 1))
+		surge := 0
+		if u := dep.Spec.Strategy.RollingUpdate; u != nil && u.MaxSurge != nil {
+			surge, _ = intstr.GetScaledValueFromIntOrPercent(u.MaxSurge, replicas, true)
+		}
+		return owner, replicas + surge
+	case verbGetDaemonSet:
+		return owner, int(ds.Status.DesiredNumberScheduled)
+	}
+	return owner, 0
 }
 
 // send makes exactly one HTTP request: no client-go retry on Retry-After (a retry takes its own
@@ -199,6 +261,10 @@ func (r *rejectionLog) report(now time.Time, err error, namespace string) func()
 	var gone errUnreadable
 	if errors.As(err, &gone) {
 		return func() { clog.Warningf("plugin/%s: %v", pluginName, gone) }
+	}
+	var unknown errNoFleet
+	if errors.As(err, &unknown) {
+		return func() { clog.Warningf("plugin/%s: %v", pluginName, unknown) }
 	}
 	if err == nil || !r.last.IsZero() && now.Sub(r.last) < time.Minute {
 		return nil

@@ -11,10 +11,12 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -237,5 +239,51 @@ func TestRefusalSaidInTheLog(t *testing.T) {
 	p.stop(100 * time.Millisecond)
 	if n := strings.Count(logged.String(), "grant create and patch on events"); n != 1 {
 		t.Errorf("said %d times why the writes failed, want once:\n%s", n, logged.String())
+	}
+}
+
+// TestRetryAfterIsNotRetriedInsideACall: client-go retries an answer with a Retry-After up to 10
+// times inside one call unless told not to; every request here is made once, so that each try
+// takes a token and the 429's hold applies to the next.
+func TestRetryAfterIsNotRetriedInsideACall(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
+	api.setFault(func(apiRequest) fault { return fault{code: http.StatusTooManyRequests, retryAfter: 1} })
+	h.observe(ln(levelError, "errors", "busy", clk.Now()))
+	start := time.Now()
+	drain(h)
+	if n := len(requestTimes(api)); n != 1 {
+		t.Errorf("%d requests reached the API for one write, want 1", n)
+	}
+	if took := time.Since(start); took > 900*time.Millisecond {
+		t.Errorf("the call took %v: it waited out a Retry-After inside", took)
+	}
+}
+
+// TestWorkloadReadsWhatItWants: N of a Deployment is its replicas plus maxSurge, a percentage
+// rounded up; of a DaemonSet its desiredNumberScheduled; a pod's controller is its owner.
+func TestWorkloadReadsWhatItWants(t *testing.T) {
+	api := newFakeAPI(t, clocktesting.NewFakeClock(epoch))
+	addDeployment(api, testRef.Name, 10, intstr.FromString("25%"))
+	api.addApp("daemonsets", &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-local-dns", Namespace: testRef.Namespace},
+		Status:     appsv1.DaemonSetStatus{DesiredNumberScheduled: 4999},
+	})
+	ctx := context.Background()
+	for _, tt := range []struct {
+		verb  verb
+		name  string
+		owner string
+		want  int
+	}{
+		{verbListPod, testRef.Name, "ReplicaSet/coredns-5d78c9869d", 0},
+		{verbGetReplicaSet, "coredns-5d78c9869d", "Deployment/coredns", 10},
+		{verbGetDeployment, "coredns", "/", 13},
+		{verbGetDaemonSet, "node-local-dns", "/", 4999},
+	} {
+		res := do(ctx, api.client, request{verb: tt.verb, namespace: testRef.Namespace, name: tt.name})
+		if res.err != nil || res.owner.Kind+"/"+res.owner.Name != tt.owner || res.want != tt.want {
+			t.Errorf("%v %s: owner %s/%s, wants %d, error %v; want %s, %d",
+				tt.verb, tt.name, res.owner.Kind, res.owner.Name, res.want, res.err, tt.owner, tt.want)
+		}
 	}
 }
