@@ -9,6 +9,7 @@ require (
 	github.com/go-logr/logr v1.4.2
 	github.com/miekg/dns v1.1.62
 	github.com/prometheus/client_golang v1.20.5
+	golang.org/x/mod v0.18.0
 	golang.org/x/term v0.26.0
 	k8s.io/api v0.31.2
 	k8s.io/apimachinery v0.31.2
@@ -141,7 +142,6 @@ require (
 	go.uber.org/zap v1.17.0 // indirect
 	golang.org/x/crypto v0.29.0 // indirect
 	golang.org/x/exp v0.0.0-20240506185415-9bf2ced13842 // indirect
-	golang.org/x/mod v0.18.0 // indirect
 	golang.org/x/net v0.31.0 // indirect
 	golang.org/x/oauth2 v0.24.0 // indirect
 	golang.org/x/sync v0.9.0 // indirect
