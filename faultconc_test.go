@@ -309,6 +309,8 @@ func (m *model) deadlineOnReadings(l *firstLine) (time.Time, bool) {
 			t = m.back
 		}
 		t = reading(t.Add(recoveryBound + pushbackBound))
+	} else if m.held.toldSince(l.at) {
+		t = reading(t.Add(pushbackBound))
 	}
 	if l.read {
 		refills, extra = refills+1, extra+writeTimeout

@@ -127,6 +127,7 @@ type heldCheck struct {
 	mu      sync.Mutex
 	from    time.Time
 	until   time.Time
+	told429 []time.Time // when each 429 reached the scheduler
 	checked int
 	err     error
 }
@@ -138,9 +139,17 @@ func (c *heldCheck) told(res result, now time.Time) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.told429 = append(c.told429, now)
 	if until := now.Add(max(res.retryAfter, time.Second)); until.After(c.until) {
 		c.from, c.until = now, until
 	}
+}
+
+// toldSince says whether a 429 reached the scheduler at from or later.
+func (c *heldCheck) toldSince(from time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.told429) > 0 && !c.told429[len(c.told429)-1].Before(from)
 }
 
 // leaves takes a request leaving the client at at.
@@ -817,6 +826,9 @@ func (m *model) deadline(l *firstLine) (time.Time, bool) {
 		bound += writeTimeout
 	}
 	if !l.outage {
+		if m.held.toldSince(l.at) {
+			bound += pushbackBound
+		}
 		return l.at.Add(bound), true
 	}
 	if m.mode != apiHealthy {
@@ -829,8 +841,9 @@ func (m *model) deadline(l *firstLine) (time.Time, bool) {
 	return from.Add(bound + recoveryBound + pushbackBound), true
 }
 
-// pushbackBound is what a 429 before the API server's return adds to the recovery: its hold,
-// the longest Retry-After the model asks (5 s) plus 20 %, and twice the gap after it.
+// pushbackBound is what a 429 adds to a line's wait, before the API server's return or while
+// it answers: its hold, the longest Retry-After the model asks (5 s) plus 20 %, and twice the
+// gap after it.
 const pushbackBound = (5*time.Second + 2*pushbackGap) * 6 / 5
 
 // lateFirst says that l was not written by deadline.
