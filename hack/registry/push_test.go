@@ -26,6 +26,12 @@ import (
 var archiveDir string
 
 func TestMain(m *testing.M) {
+	// Built before any test points HOME elsewhere, with the Go caches of
+	// the user who runs the tests.
+	if _, err := archives(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	if archiveDir != "" {
 		os.RemoveAll(archiveDir)
