@@ -76,7 +76,7 @@ image:
 IMAGE ?=
 OVERWRITE ?=
 push:
-	$(GO) run -C hack/registry . push -archive $(abspath $(IMAGE_ARCHIVE)) $(if $(OVERWRITE),-overwrite) '$(IMAGE)'
+	$(GO) run -C hack/registry . push -archive $(abspath $(IMAGE_ARCHIVE)) $(if $(filter 1,$(OVERWRITE)),-overwrite) '$(IMAGE)'
 
 # plugin writes the kubectl plugin (krew's coredns-k8s-event) for
 # PLUGIN_PLATFORMS into PLUGIN_DIR: one archive each, with the LICENSE,

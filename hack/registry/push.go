@@ -264,13 +264,12 @@ func credentials(tag name.Tag) string {
 	return "the docker config's credentials"
 }
 
-// dockerConfig is where the default keychain reads: ~/.docker/config.json,
-// or else $DOCKER_CONFIG/config.json.
+// dockerConfig is the file the default keychain takes credentials from:
+// $DOCKER_CONFIG/config.json when DOCKER_CONFIG is set, else ~/.docker/config.json.
 func dockerConfig() string {
-	home, _ := os.UserHomeDir()
-	p := filepath.Join(home, ".docker", "config.json")
-	if _, err := os.Stat(p); err != nil && os.Getenv("DOCKER_CONFIG") != "" {
-		return filepath.Join(os.Getenv("DOCKER_CONFIG"), "config.json")
+	if dir := os.Getenv("DOCKER_CONFIG"); dir != "" {
+		return filepath.Join(dir, "config.json") // the keychain reads this one alone when it is set
 	}
-	return p
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".docker", "config.json")
 }
