@@ -113,7 +113,7 @@ func TestFlowControlLevelTakesTheEventWritesOfCoreDNSAndNotItsReads(t *testing.T
 		{"patch core", http.MethodPatch, core + name, "application/strategic-merge-patch+json", `{"count":2}`},
 		{"update core", http.MethodPut, core + name, "application/json", event("v1", name)},
 		{"create events.k8s.io", http.MethodPost, newer[:len(newer)-1], "application/json", event("events.k8s.io/v1", nameNew)},
-		{"patch events.k8s.io", http.MethodPatch, newer + nameNew, "application/merge-patch+json", `{"note":"patched"}`},
+		{"patch events.k8s.io", http.MethodPatch, newer + nameNew, "application/merge-patch+json", `{"metadata":{"labels":{"patched":"yes"}}}`},
 		{"update events.k8s.io", http.MethodPut, newer + nameNew, "application/json", event("events.k8s.io/v1", nameNew)},
 	}
 	for _, w := range writes {
