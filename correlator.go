@@ -170,7 +170,8 @@ func (c *correlator) observe(ln line) *entry {
 		}
 		top, recent = e.hitters.add(m, el, c.paced)
 		if key.shape == otherShapes && len(e.hitters.shapes) < maxCountedShapes {
-			if x := shapeHash(strings.TrimPrefix(msg, ln.plugin)); !slices.Contains(e.hitters.shapes, x) {
+			if x := shapeHash(strings.TrimPrefix(msg,
+				ln.plugin)); !slices.Contains(e.hitters.shapes, x) {
 				e.hitters.shapes = append(e.hitters.shapes, x)
 			}
 		}
@@ -290,7 +291,8 @@ func (c *correlator) window(wk windowKey, at time.Duration) *window {
 		return w
 	}
 	if len(c.windows) >= maxWindows {
-		maps.DeleteFunc(c.windows, func(_ windowKey, old *window) bool { return old.spent(at) == 0 })
+		maps.DeleteFunc(c.windows,
+			func(_ windowKey, old *window) bool { return old.spent(at) == 0 })
 		if len(c.windows) >= maxWindows {
 			clear(c.windows)
 		}

@@ -42,7 +42,8 @@ const (
 // last line; false when e is no storm waiting for its quiet, or one that has not risen above its
 // threshold since its latest end.
 func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
-	if quiet <= 0 || e.end != nil || e.evicted || e.inflight != 0 || e.pending() > 0 || e.dropped > 0 ||
+	if quiet <= 0 || e.end != nil || e.evicted || e.inflight != 0 || e.pending() > 0 ||
+		e.dropped > 0 ||
 		!e.stormWritten || !isStorm(e.key, e.seen-e.storm) {
 		return time.Time{}, false
 	}

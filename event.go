@@ -185,7 +185,8 @@ func pluginLabel(prefix string) string {
 	name := strings.TrimSuffix(strings.TrimPrefix(prefix, "plugin/"), ": ")
 	b := []byte(name)
 	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' ||
+			c == '_' || c == '.') {
 			b[i] = '_'
 		}
 	}
@@ -250,9 +251,10 @@ func endReason(l level) string { return l.reason() + "Ended" }
 
 // endMessage says that a storm ended: its plugin, its total count, what it was about (the shape of
 // a combined event's lines, with its heavy hitters in top, or an event's own line) and its first
-// and last time (UTC; with the date when the two are not on the same day), e.g.
+// and last time (UTC; with the date when the two are not on the same day), e.g. (one line):
 //
-//	plugin/errors: 195 lines like "<n> <name>. A: ...: i/o timeout" (most: a.example.org ≥40) from 10:02:13 to 10:07:40, none since
+//	plugin/errors: 195 lines like "<n> <name>. <type>: ...: i/o timeout" (most: a.example.org ≥40)
+//	from 10:02:13 to 10:07:40, none since
 //
 // The end of the other shapes' lines (shapes > 0) gives their number of shapes instead:
 // "plugin/errors: 40 lines of 12 other shapes from ...". prefix is the plugin's "plugin/NAME: ";
@@ -271,13 +273,15 @@ func endMessage(prefix, about, top string, shapes int, count int64, first, last 
 		top = " (" + top + ")"
 	}
 	head := fmt.Sprintf("%s%d %s like \"", prefix, count, noun)
-	tail := fmt.Sprintf("\"%s from %s to %s, none since", top, first.Format(layout), last.Format(layout))
+	tail := fmt.Sprintf("\"%s from %s to %s, none since", top, first.Format(layout),
+		last.Format(layout))
 	if shapes > 0 { // of the lines of other shapes: no line to quote
 		n := fmt.Sprint(shapes)
 		if shapes >= maxCountedShapes {
 			n = "≥" + n
 		}
-		head, tail, about = fmt.Sprintf("%s%d %s of %s other shapes", prefix, count, noun, n), tail[1:], ""
+		head, tail, about = fmt.Sprintf("%s%d %s of %s other shapes", prefix, count, noun, n),
+			tail[1:], ""
 	}
 	line := eventMessage(strings.TrimPrefix(about, prefix))
 	return head + cutMiddle(line, maxMessageBytes-len(head)-len(tail)) + tail

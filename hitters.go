@@ -69,13 +69,15 @@ func (s hitter) low(storm bool) int64 {
 }
 
 type hitters struct {
-	slots  []hitter
-	held   [][maxMemberLen]byte // the members, in place: a line's member is a part of the line, not kept
-	hashes [hitterSlots]uint32  // of the members, with shapeSeed: their low half, scanned alone
-	low    int64                // at most the least count of a slot
-	next   int                  // where the search for a slot of the least count goes on
+	slots []hitter
+	// the members, in place: a line's member is a part of the line, not kept
+	held   [][maxMemberLen]byte
+	hashes [hitterSlots]uint32 // of the members, with shapeSeed: their low half, scanned alone
+	low    int64               // at most the least count of a slot
+	next   int                 // where the search for a slot of the least count goes on
 	lines  int64
-	shapes []uint64 // of the lines of other shapes: those of the current storm, up to maxCountedShapes
+	// of the lines of other shapes: those of the current storm, up to maxCountedShapes
+	shapes []uint64
 }
 
 // add counts a line of member at el, the correlator's elapsed time, and tells whether member is
@@ -119,7 +121,8 @@ func (h *hitters) least() int {
 				return j
 			}
 		}
-		h.low = slices.MinFunc(h.slots, func(a, b hitter) int { return cmp.Compare(a.count, b.count) }).count
+		h.low = slices.MinFunc(h.slots,
+			func(a, b hitter) int { return cmp.Compare(a.count, b.count) }).count
 	}
 }
 
@@ -141,7 +144,8 @@ func (h *hitters) newStorm() {
 
 // top lists the members that are isTop, most first.
 func (h *hitters) top(storm bool) []hitter {
-	out := slices.DeleteFunc(slices.Clone(h.slots), func(s hitter) bool { return !h.isTop(s, storm) })
+	out := slices.DeleteFunc(slices.Clone(h.slots),
+		func(s hitter) bool { return !h.isTop(s, storm) })
 	slices.SortFunc(out, func(a, b hitter) int { return int(b.count - a.count) })
 	return out
 }

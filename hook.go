@@ -20,7 +20,8 @@ const (
 )
 
 var levelNames = [numLevels]string{"debug", "info", "warning", "error", "fatal"}
-var levelReasons = [numLevels]string{"CoreDNSDebug", "CoreDNSInfo", "CoreDNSWarning", "CoreDNSError", "CoreDNSFatal"}
+var levelReasons = [numLevels]string{"CoreDNSDebug", "CoreDNSInfo", "CoreDNSWarning",
+	"CoreDNSError", "CoreDNSFatal"}
 
 func (l level) String() string { return levelNames[l] }
 func (l level) reason() string { return levelReasons[l] }
@@ -126,7 +127,10 @@ func (h *listener) Infof(plugin, format string, v ...any) {
 	h.capture(levelInfo, plugin, format, true, v)
 }
 
-func (h *listener) Warning(plugin string, v ...any) { h.capture(levelWarning, plugin, "", false, v) }
+func (h *listener) Warning(plugin string, v ...any) {
+	h.capture(levelWarning, plugin, "", false,
+		v)
+}
 func (h *listener) Warningf(plugin, format string, v ...any) {
 	h.capture(levelWarning, plugin, format, true, v)
 }

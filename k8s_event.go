@@ -72,10 +72,12 @@ func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, 
 	case first:
 		inst.cfg = cfg
 	case cfg.rateSet && inst.cfg.rateSet && !sameRate(cfg, inst.cfg):
-		return nil, fmt.Errorf("rate %g %d %d conflicts with rate %g %d %d of another server block: the rate is process-wide",
+		return nil, fmt.Errorf("rate %g %d %d conflicts with rate %g %d %d of another server "+
+			"block: the rate is process-wide",
 			cfg.qps, cfg.burst, cfg.cacheSize, inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize)
 	case cfg.quietSet && inst.cfg.quietSet && cfg.quiet != inst.cfg.quiet:
-		return nil, fmt.Errorf("quiet %s conflicts with quiet %s of another server block: quiet is process-wide",
+		return nil, fmt.Errorf("quiet %s conflicts with quiet %s of another server block: quiet "+
+			"is process-wide",
 			quietString(cfg.quiet), quietString(inst.cfg.quiet))
 	case cfg.fleetSet && inst.cfg.fleetSet && !sameFleet(cfg, inst.cfg):
 		return nil, fmt.Errorf("fleet %g %d conflicts with fleet %g %d of another server block: "+
@@ -91,7 +93,8 @@ func (inst *instance) addBlock(cfg config, block *dnsserver.Config) (*instance, 
 		}
 		inst.cfg.levels |= cfg.levels
 		if cfg.rateSet && !inst.cfg.rateSet {
-			inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize, inst.cfg.rateSet = cfg.qps, cfg.burst, cfg.cacheSize, true
+			inst.cfg.qps, inst.cfg.burst, inst.cfg.cacheSize, inst.cfg.rateSet = cfg.qps,
+				cfg.burst, cfg.cacheSize, true
 		}
 	}
 	inst.blocks = append(inst.blocks, block)
@@ -117,7 +120,8 @@ func (inst *instance) startup() error {
 		client, err := kubeapi.Client(b)
 		if err != nil || client == nil {
 			inst.mu.Unlock()
-			return fmt.Errorf("%s: the kubeapi plugin must be enabled in the same server block (%s:%s)", pluginName, b.Zone, b.Port)
+			return fmt.Errorf("%s: the kubeapi plugin must be enabled in the same server block "+
+				"(%s:%s)", pluginName, b.Zone, b.Port)
 		}
 		if inst.client == nil {
 			inst.client = client

@@ -24,35 +24,46 @@ const (
 	numDropReasons
 )
 
-var dropReasonNames = [numDropReasons]string{"queue_full", "evicted", "shutdown", "throttled", "failed"}
+var dropReasonNames = [numDropReasons]string{"queue_full", "evicted", "shutdown", "throttled",
+	"failed"}
 
 var (
 	linesVec = counterVec("lines_total", []string{"level"},
 		"Counter of log lines captured at an enabled level, by level.")
 
 	eventWrites = counterVec("writes_total", []string{"reason", "verb"},
-		"Counter of successful event writes to the Kubernetes API, by reason and verb (create or patch).")
+		"Counter of successful event writes to the Kubernetes API, by reason and verb (create or "+
+			"patch).")
 
 	throttledTotal = counterVec("throttled_total", []string{"reason"},
-		"Counter of event writes deferred because the token bucket of their reason was empty; their lines are carried by a later write.")
+		"Counter of event writes deferred because the token bucket of their reason was empty; "+
+			"their lines are carried by a later write.")
 
 	aggregatedTotal = counterVec("aggregated_total", []string{"level"},
 		"Counter of lines folded into a combined event of their plugin, level and shape, by level.")
 
 	droppedVec = counterVec("dropped_total", []string{"cause"},
-		"Counter of lines that no event write will ever carry, by cause (queue_full, evicted, shutdown, throttled, failed).")
+		"Counter of lines that no event write will ever carry, by cause (queue_full, evicted, "+
+			"shutdown, throttled, failed).")
 
 	apiErrors = counterVec("api_errors_total", []string{"code"},
-		"Counter of failed requests to the Kubernetes API, by HTTP status code (0 when no response arrived); the expected answers of api_expected_total are not among them.")
+		"Counter of failed requests to the Kubernetes API, by HTTP status code (0 when no "+
+			"response arrived); the expected answers of api_expected_total are not among them.")
 
 	apiExpected = counterVec("api_expected_total", []string{"code", "outcome"},
-		"Counter of error answers of the Kubernetes API that are part of the normal course, by HTTP status code and outcome (gone: a patch found the event expired, and it is created anew; name_taken: a create found its name in use, and takes another; exists: a retried create found the event its unanswered first try made).")
+		"Counter of error answers of the Kubernetes API that are part of the normal course, by "+
+			"HTTP status code and outcome (gone: a patch found the event expired, and it is "+
+			"created anew; name_taken: a create found its name in use, and takes another; "+
+			"exists: a retried create found the event its unanswered first try made).")
 
 	apiWarnings = counterVec("api_warnings_total", []string{"verb"},
-		"Counter of warnings the Kubernetes API sent back with its answers (Warning headers, from admission policies and webhooks), by verb (create, patch, list, get); they are counted, never logged.")
+		"Counter of warnings the Kubernetes API sent back with its answers (Warning headers, "+
+			"from admission policies and webhooks), by verb (create, patch, list, get); they are "+
+			"counted, never logged.")
 
 	endedTotal = counterVec("ended_total", []string{"reason"},
-		"Counter of storms that went quiet and whose end the plugin said, by the reason of the end event (CoreDNSErrorEnded, CoreDNSWarningEnded).")
+		"Counter of storms that went quiet and whose end the plugin said, by the reason of the "+
+			"end event (CoreDNSErrorEnded, CoreDNSWarningEnded).")
 
 	requestsInFlight = promauto.NewGauge(prometheus.GaugeOpts(opts("requests_in_flight",
 		"Number of requests to the Kubernetes API sent and not yet answered or timed out.")))
@@ -61,8 +72,9 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
 		Name:      "request_duration_seconds",
-		Help:      "Histogram of the time requests to the Kubernetes API took, answered or not, by verb (create, patch, list, get).",
-		Buckets:   []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+		Help: "Histogram of the time requests to the Kubernetes API took, answered or not, " +
+			"by verb (create, patch, list, get).",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
 	}, []string{"verb"})
 
 	heldTotal = promauto.NewCounter(prometheus.CounterOpts(opts("server_held_seconds_total",
@@ -78,11 +90,13 @@ var (
 			"so that only rate bounds the writes; 0 otherwise.")))
 
 	pendingLines = promauto.NewGauge(prometheus.GaugeOpts(opts("pending_lines",
-		"Number of captured lines that no successful write has carried yet and that are not dropped.")))
+		"Number of captured lines that no successful write has carried yet and that are not "+
+			"dropped.")))
 )
 
 func opts(name, help string) prometheus.Opts {
-	return prometheus.Opts{Namespace: plugin.Namespace, Subsystem: subsystem, Name: name, Help: help}
+	return prometheus.Opts{Namespace: plugin.Namespace, Subsystem: subsystem, Name: name,
+		Help: help}
 }
 
 func counterVec(name string, labels []string, help string) *prometheus.CounterVec {
@@ -114,12 +128,16 @@ func init() {
 	}
 	for l := levelDebug; l < levelFatal; l++ {
 		promauto.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: plugin.Namespace, Subsystem: subsystem, Name: "unwritten_age_seconds", ConstLabels: prometheus.Labels{"reason": l.reason()},
-			Help: "Age of the first line of the oldest event never written, by reason; 0 when none waits.",
+			Namespace: plugin.Namespace, Subsystem: subsystem, Name: "unwritten_age_seconds",
+			ConstLabels: prometheus.Labels{"reason": l.reason()},
+			Help: "Age of the first line of the oldest event never written, by reason; 0 " +
+				"when none waits.",
 		}, func() float64 { return delays[l].age() })
 		promauto.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: plugin.Namespace, Subsystem: subsystem, Name: "unwritten_bound_seconds", ConstLabels: prometheus.Labels{"reason": l.reason()},
-			Help: "Longest a new line of a plugin with nothing pending waits to be written, by reason, with the plugins now waiting.",
+			Namespace: plugin.Namespace, Subsystem: subsystem, Name: "unwritten_bound_seconds",
+			ConstLabels: prometheus.Labels{"reason": l.reason()},
+			Help: "Longest a new line of a plugin with nothing pending waits to be " +
+				"written, by reason, with the plugins now waiting.",
 		}, func() float64 { return time.Duration(delays[l].bound.Load()).Seconds() })
 	}
 }

@@ -31,7 +31,8 @@ type pipeline struct {
 	clock    clock.WithTicker
 	listener *listener
 	sched    *scheduler
-	dispatch func(now time.Time) ([]request, time.Time) // sched's, which run calls; a test may wrap them
+	// sched's, which run calls; a test may wrap them
+	dispatch func(now time.Time) ([]request, time.Time)
 	outcome  func(res result, now time.Time)
 	client   kubernetes.Interface // run's own; apply replaces it
 	results  chan result
@@ -50,7 +51,8 @@ type pipeline struct {
 	stopOnce  sync.Once
 }
 
-func newPipeline(cfg config, client kubernetes.Interface, pod podIdentity, clk clock.WithTicker) *pipeline {
+func newPipeline(cfg config, client kubernetes.Interface, pod podIdentity,
+	clk clock.WithTicker) *pipeline {
 	p := &pipeline{
 		clock:        clk,
 		sched:        newScheduler(cfg, pod, clk.Now()),

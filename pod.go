@@ -43,11 +43,14 @@ func podFromEnv() podIdentity {
 	name, ns := os.Getenv(envPodName), os.Getenv(envNamespace)
 	id := podIdentity{node: os.Getenv(envNodeName), verb: verbListPod}
 	if name == "" || ns == "" {
-		clog.Warningf("plugin/%s: %s or %s not set: events are reported on namespace/default", pluginName, envPodName, envNamespace)
-		id.ref = corev1.ObjectReference{Kind: "Namespace", APIVersion: "v1", Name: metav1.NamespaceDefault}
+		clog.Warningf("plugin/%s: %s or %s not set: events are reported on namespace/default",
+			pluginName, envPodName, envNamespace)
+		id.ref = corev1.ObjectReference{Kind: "Namespace", APIVersion: "v1",
+			Name: metav1.NamespaceDefault}
 		return id
 	}
-	id.ref = corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: name, Namespace: ns, UID: types.UID(os.Getenv(envPodUID))}
+	id.ref = corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: name, Namespace: ns,
+		UID: types.UID(os.Getenv(envPodUID))}
 	id.lookup = id.ref.UID == ""
 	return id
 }
@@ -82,7 +85,8 @@ func (id *podIdentity) read(reqID uint64) request {
 type errUnreadable struct{ err error }
 
 func (e errUnreadable) Error() string {
-	return fmt.Sprintf("%s not set and the pod's UID cannot be read (%v): `kubectl describe pod` will not list the events", envPodUID, e.err)
+	return fmt.Sprintf("%s not set and the pod's UID cannot be read (%v): `kubectl describe pod` "+
+		"will not list the events", envPodUID, e.err)
 }
 
 // readDone takes the read's answer. A read refused for good with list is made again with get; one

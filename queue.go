@@ -105,7 +105,8 @@ type tokenQueue struct {
 }
 
 func newTokenQueue() *tokenQueue {
-	return &tokenQueue{settling: entryHeap{less: byStamp}, plugins: map[string]*turnQueue{}, flying: map[string]int{}}
+	return &tokenQueue{settling: entryHeap{less: byStamp}, plugins: map[string]*turnQueue{},
+		flying: map[string]int{}}
 }
 
 // head is the entry that takes the bucket's next token; nil when none waits.
@@ -137,7 +138,8 @@ func (q *tokenQueue) push(e *entry, settling bool) {
 	}
 	sh := p.shapes[k]
 	if sh == nil {
-		sh = &turnQueue{fresh: entryHeap{less: byStamp}, updates: entryHeap{less: byStamp}, plugin: p, shape: k, served: e.slot.served, index: -1}
+		sh = &turnQueue{fresh: entryHeap{less: byStamp}, updates: entryHeap{less: byStamp},
+			plugin: p, shape: k, served: e.slot.served, index: -1}
 		p.shapes[k] = sh
 	}
 	h := &sh.updates

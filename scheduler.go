@@ -50,8 +50,9 @@ type scheduler struct {
 	ends     ends
 	buckets  [numBuckets]*bucket
 	queues   [numBuckets]*tokenQueue // who takes each bucket's next token (queue.go)
-	timers   entryHeap               // entries waiting for a time: a backoff, a Retry-After, a quiet
-	now      time.Time               // of the message being handled
+	// entries waiting for a time: a backoff, a Retry-After, a quiet
+	timers   entryHeap
+	now      time.Time // of the message being handled
 	flights  map[uint64]flight
 	lastID   uint64
 	pod      podIdentity
@@ -134,12 +135,15 @@ func (s *scheduler) apply(set config, now time.Time) {
 			s.place(e)
 		}
 	}
-	oldest := func(a, b *entry) int { return cmp.Or(a.first.Compare(b.first), cmp.Compare(a.seq, b.seq)) }
+	oldest := func(a, b *entry) int {
+		return cmp.Or(a.first.Compare(b.first), cmp.Compare(a.seq, b.seq))
+	}
 	for _, e := range slices.SortedFunc(maps.Keys(s.settling), oldest) {
 		if len(s.settling) <= set.cacheSize {
 			break
 		}
-		if e.inflight == 0 { // one in flight may land with every line: retire decides once it is back
+		// one in flight may land with every line: retire decides once it is back
+		if e.inflight == 0 {
 			delete(s.settling, e)
 			s.unqueue(e)
 			s.drop(e, dropEvicted)
@@ -440,28 +444,32 @@ func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request
 	f := flight{e: e, bucket: b}
 	var spec writeSpec
 	if e.end != nil {
-		spec = writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at, last: e.end.at, end: true}
+		spec = writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at,
+			last: e.end.at, end: true}
 	} else {
 		// An event's count is an int32: lines past it go to a new object.
 		f.count = e.seen - e.base
 		if f.full = f.count >= math.MaxInt32; f.full {
 			f.count = math.MaxInt32
 		}
-		spec = writeSpec{key: e.key, message: e.note(), count: f.count, first: e.first, last: e.stamped, name: e.name}
+		spec = writeSpec{key: e.key, message: e.note(), count: f.count, first: e.first,
+			last: e.stamped, name: e.name}
 	}
 	e.inflight, e.deferred = id, false
 	ns := s.pod.namespace()
 	if spec.name != "" {
 		f.verb, f.name = verbPatch, spec.name
 		s.flights[id] = f
-		return request{id: id, verb: verbPatch, namespace: ns, name: spec.name, patch: countPatch(spec)}
+		return request{id: id, verb: verbPatch, namespace: ns, name: spec.name,
+			patch: countPatch(spec)}
 	}
 	f.verb, f.name, f.retry = verbCreate, e.tried, e.tried != ""
 	if f.name == "" {
 		f.name = s.names.next(s.pod.ref.Name, now)
 	}
 	s.flights[id] = f
-	return request{id: id, verb: verbCreate, namespace: ns, event: newEvent(s.pod.ref, s.pod.node, ns, f.name, spec)}
+	return request{id: id, verb: verbCreate, namespace: ns, event: newEvent(s.pod.ref, s.pod.node,
+		ns, f.name, spec)}
 }
 
 // fatal takes a token for a fatal line and makes its create; false when the bucket has none. It
@@ -477,10 +485,12 @@ func (s *scheduler) fatal(ln line, now time.Time) (request, bool) {
 	s.fleet.take(levelFatal, id, now)
 	s.push.sent(now, s.rand)
 	msg := eventMessage(ln.text)
-	spec := writeSpec{key: eventKey{level: levelFatal, plugin: ln.plugin, message: msg}, message: msg, count: 1, first: ln.at, last: ln.at}
+	spec := writeSpec{key: eventKey{level: levelFatal, plugin: ln.plugin, message: msg},
+		message: msg, count: 1, first: ln.at, last: ln.at}
 	ns, name := s.pod.namespace(), s.names.next(s.pod.ref.Name, now)
 	s.flights[id] = flight{bucket: levelFatal, verb: verbCreate, name: name}
-	return request{id: id, verb: verbCreate, namespace: ns, event: newEvent(s.pod.ref, s.pod.node, ns, name, spec)}, true
+	return request{id: id, verb: verbCreate, namespace: ns, event: newEvent(s.pod.ref, s.pod.node,
+		ns, name, spec)}, true
 }
 
 func (s *scheduler) outcome(res result, now time.Time) {
@@ -536,7 +546,8 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 	switch res.outcome {
 	case writeOK:
 		e.carry(e.base + f.count)
-		e.name, e.tried, e.doubt, e.failures, e.retryAt, e.asked = f.name, "", 0, 0, time.Time{}, time.Time{}
+		e.name, e.tried, e.doubt, e.failures, e.retryAt, e.asked = f.name, "", 0, 0, time.Time{},
+			time.Time{}
 		e.stormWritten, e.slot.stamp = true, 0
 		if f.full {
 			e.base += f.count
@@ -548,7 +559,8 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 		e.slot.recreate = true
 	case writeExists:
 		if f.retry { // a create that got no answer had been applied: patch it
-			e.carry(e.triedCount) // the least it holds: an unanswered retry may have been the one applied
+			// the least it holds: an unanswered retry may have been the one applied
+			e.carry(e.triedCount)
 			e.name, e.tried, expected = f.name, "", "exists"
 			e.stormWritten = true
 		} else { // another writer's event has this name: take a new one
@@ -564,7 +576,8 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 		if res.unsure {
 			e.doubt = e.base + f.count
 			if f.verb == verbCreate && !f.retry {
-				e.tried, e.triedCount = f.name, e.doubt // it may have been applied: retry under the same name
+				// it may have been applied: retry under the same name
+				e.tried, e.triedCount = f.name, e.doubt
 			}
 		}
 		s.failed(e, res, now)
@@ -632,7 +645,8 @@ func (s *scheduler) retire(e *entry) {
 	if e.doubt > 0 && e.pending() > 0 {
 		// A reload that shrank the cache left an entry in flight settling
 		// beyond the new size: it goes once its write is back.
-		if _, ok := s.settling[e]; ok && len(s.settling) <= s.set.cacheSize || !ok && len(s.settling) < s.set.cacheSize {
+		if _, ok := s.settling[e]; ok && len(s.settling) <= s.set.cacheSize ||
+			!ok && len(s.settling) < s.set.cacheSize {
 			s.settling[e] = struct{}{}
 			s.settled = true
 			s.place(e)

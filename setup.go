@@ -72,7 +72,8 @@ func setup(c *caddy.Controller) error {
 
 // parse reads one server block's k8s_event stanza. It has no side effects.
 func parse(c *caddy.Controller) (config, error) {
-	cfg := config{levels: defaultLevels, qps: defaultQPS, burst: defaultBurst, cacheSize: defaultCacheSize, quiet: defaultQuiet}
+	cfg := config{levels: defaultLevels, qps: defaultQPS, burst: defaultBurst,
+		cacheSize: defaultCacheSize, quiet: defaultQuiet}
 	seen := false
 	for c.Next() {
 		if seen {
@@ -125,7 +126,8 @@ func parseLevels(c *caddy.Controller, args []string) (levelSet, error) {
 	}
 	var set levelSet
 	for _, a := range args {
-		l := slices.IndexFunc(levelNames[:], func(name string) bool { return strings.EqualFold(a, name) })
+		l := slices.IndexFunc(levelNames[:],
+			func(name string) bool { return strings.EqualFold(a, name) })
 		if l < 0 {
 			return 0, c.Errf("level must be one of debug, info, warning, error, fatal: %q", a)
 		}
@@ -136,7 +138,8 @@ func parseLevels(c *caddy.Controller, args []string) (levelSet, error) {
 
 func parseRate(c *caddy.Controller, args []string, cfg *config) error {
 	if len(args) == 0 || len(args) > 3 {
-		return c.Errf("rate takes 1 to 3 values, [QPS] [BURST] [CACHESIZE]: %q", strings.Join(args, " "))
+		return c.Errf("rate takes 1 to 3 values, [QPS] [BURST] [CACHESIZE]: %q", strings.Join(args,
+			" "))
 	}
 	qps, err := parseQPS(c, "rate", args[0])
 	if err != nil {

@@ -158,7 +158,8 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 		return append(b, w...)
 	case m == classDigit: // the commonest: a count, a port, a code
 		return append(b, shapeNum...)
-	case m&(classColon|classEq|classGt) == 0 && !opening[w[0]] && !closing[w[len(w)-1]]: // a.example
+	// a.example
+	case m&(classColon|classEq|classGt) == 0 && !opening[w[0]] && !closing[w[len(w)-1]]:
 		p := shapeOf(w, m)
 		f.saw(p, w)
 		return append(b, p...)
@@ -170,17 +171,7 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 		}
 	}
 	if m&classGt != 0 && strings.Contains(w, "->") {
-		start, pm := 0, charClass(0)
-		for i := 0; i < len(w); i++ {
-			if w[i] == '-' && i+1 < len(w) && w[i+1] == '>' {
-				b = append(appendWord(b, w[start:i], pm, f), "->"...)
-				start, pm = i+2, 0
-				i++
-				continue
-			}
-			pm |= classes[w[i]]
-		}
-		return appendWord(b, w[start:], pm, f)
+		return appendArrowSides(b, w, f)
 	}
 	if m&classEq != 0 { // key=value, a=b=value: the value alone
 		i := strings.LastIndexByte(w, '=')
@@ -189,6 +180,27 @@ func appendWord(b []byte, w string, m charClass, f *found) []byte {
 			return append(b, w...)
 		}
 	}
+	return appendValue(b, w, m, f)
+}
+
+// appendArrowSides appends the shape of a word with "->": each side shaped alone.
+func appendArrowSides(b []byte, w string, f *found) []byte {
+	start, pm := 0, charClass(0)
+	for i := 0; i < len(w); i++ {
+		if w[i] == '-' && i+1 < len(w) && w[i+1] == '>' {
+			b = append(appendWord(b, w[start:i], pm, f), "->"...)
+			start, pm = i+2, 0
+			i++
+			continue
+		}
+		pm |= classes[w[i]]
+	}
+	return appendWord(b, w[start:], pm, f)
+}
+
+// appendValue appends the shape of a word with no "->" left, or of a key=value's value, whose
+// classes are m: an address or a name within its punctuation.
+func appendValue(b []byte, w string, m charClass, f *found) []byte {
 	end := trimClosing(w)
 	if end < len(w) { // "A:", "failed:": the punctuation alone may have been shaped
 		if m = classOf(w[:end]); m&shaped == 0 {
@@ -267,8 +279,9 @@ type charClass uint16
 const (
 	classDigit     charClass = 1 << iota
 	classHexLetter           // a-f, A-F
-	classUnit                // the letters of a duration's units but a hex digit: h, m, n, s, u, and µ's bytes
-	classX                   // x, X: 0x...
+	// the letters of a duration's units but a hex digit: h, m, n, s, u, and µ's bytes
+	classUnit
+	classX // x, X: 0x...
 	classDot
 	classColon
 	classDash
@@ -287,7 +300,8 @@ var classes = func() (t [256]charClass) {
 		t[c] = classOther
 	}
 	// The bytes of each class, in the order of the classes.
-	for i, chars := range []string{"0123456789", "abcdefABCDEF", "hmnsu\xc2\xb5", "xX", ".", ":", "-", "+", "=", ">"} {
+	for i, chars := range []string{"0123456789", "abcdefABCDEF", "hmnsu\xc2\xb5", "xX", ".", ":",
+		"-", "+", "=", ">"} {
 		for _, c := range []byte(chars) {
 			t[c] = 1 << i
 		}
@@ -362,7 +376,8 @@ func isNumber(w string) bool {
 
 func isUUID(w string) bool {
 	for i := 0; i < len(w); i++ {
-		if dash := i == 8 || i == 13 || i == 18 || i == 23; dash != (w[i] == '-') || !dash && !isHexDigit(w[i]) {
+		if dash := i == 8 || i == 13 || i == 18 || i == 23; dash != (w[i] == '-') ||
+			!dash && !isHexDigit(w[i]) {
 			return false
 		}
 	}
@@ -387,7 +402,8 @@ func isDuration(w string) bool {
 		switch unit := w[i:]; {
 		case i == 0 || unit == "": // no number, or no unit
 			return false
-		case len(unit) > 1 && unit[1] == 's' && (unit[0] == 'n' || unit[0] == 'u' || unit[0] == 'm'):
+		case len(unit) > 1 && unit[1] == 's' && (unit[0] == 'n' || unit[0] == 'u' ||
+			unit[0] == 'm'):
 			w = unit[2:]
 		case strings.HasPrefix(unit, "µs"):
 			w = unit[len("µs"):]
@@ -469,7 +485,8 @@ func isHex(w string) bool {
 
 // isName: two labels or more of the bytes CoreDNS prints unescaped in a name (printable ASCII but .
 // space ' @ ; ( ) " \, '*' as a whole label only unless fq) or of its escapes of the others (\DDD,
-// \. and the like), with a letter or an escape somewhere; no URL. m is the classes of w's bytes; fq,
+// \. and the like), with a letter or an escape somewhere; no URL. m is the classes of w's bytes;
+// fq,
 // that w was followed by the final dot of a query's name, which a Go type (*v1.Pod) has not.
 func isName(w string, m charClass, fq bool) bool {
 	letter, dot, labelLen := false, false, 0
@@ -491,12 +508,14 @@ func isName(w string, m charClass, fq bool) bool {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 			letter = true
 		case c <= ' ' || c > '~' || strings.IndexByte(`'@;()"`, c) >= 0,
-			c == '*' && !fq && (labelLen > 0 || i+1 < len(w) && w[i+1] != '.'): // a Go type's *v1.Pod
+			// a Go type's *v1.Pod
+			c == '*' && !fq && (labelLen > 0 || i+1 < len(w) && w[i+1] != '.'):
 			return false
 		}
 		labelLen++
 	}
-	return letter && dot && labelLen > 0 && (m&classColon == 0 || !strings.Contains(w, "://")) // a URL
+	// a URL
+	return letter && dot && labelLen > 0 && (m&classColon == 0 || !strings.Contains(w, "://"))
 }
 
 // escapeLen is the length of the escape w starts with: CoreDNS's \DDD and

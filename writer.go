@@ -116,9 +116,11 @@ func do(ctx context.Context, client kubernetes.Interface, r request) result {
 	case verbCreate:
 		req = rc.Post().Namespace(r.namespace).Resource("events").Body(r.event)
 	case verbPatch:
-		req = rc.Patch(types.StrategicMergePatchType).Namespace(r.namespace).Resource("events").Name(r.name).Body(r.patch)
+		req = rc.Patch(types.StrategicMergePatchType).Namespace(r.namespace).Resource("events").
+			Name(r.name).Body(r.patch)
 	case verbListPod:
-		req = rc.Get().Namespace(r.namespace).Resource("pods").Param("fieldSelector", "metadata.name="+r.name)
+		req = rc.Get().Namespace(r.namespace).Resource("pods").Param("fieldSelector",
+			"metadata.name="+r.name)
 		into = &list
 	case verbGetPod:
 		req = rc.Get().Namespace(r.namespace).Resource("pods").Name(r.name)
@@ -183,7 +185,8 @@ func wants(v verb, pod *corev1.Pod, rs *appsv1.ReplicaSet, dep *appsv1.Deploymen
 // were written to a connection: a request that could not connect did not reach the API.
 func send(ctx context.Context, req *rest.Request, into runtime.Object) (reached bool, err error) {
 	var wrote atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
+	ctx = httptrace.WithClientTrace(ctx,
+		&httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
 	res := req.MaxRetries(0).Throttle(nil).Do(ctx)
 	if into != nil {
 		err = res.Into(into)
@@ -273,7 +276,8 @@ func (r *rejectionLog) report(now time.Time, err error, namespace string) func()
 	hint := "will retry"
 	switch {
 	case apierrors.IsForbidden(err):
-		hint = "grant create and patch on events in the core API group (\"\") to CoreDNS's service account"
+		hint = "grant create and patch on events in the core API group (\"\") to CoreDNS's " +
+			"service account"
 	case apierrors.IsNotFound(err):
 		hint = fmt.Sprintf("does the namespace %q exist?", namespace)
 	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
