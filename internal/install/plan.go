@@ -117,6 +117,7 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", src.Namespace, src.Name, t.key, err)
 	}
+	cf.everyBlock = l.everyBlock
 	if err := otherInstall(t, src, cf); err != nil {
 		return nil, err
 	}
@@ -177,10 +178,14 @@ func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, ori
 // layout tells the Deployment's layout, and refuses the layouts the tool
 // leaves alone.
 func (r *run) layout(t *target, src *corev1.ConfigMap) (*layout, error) {
-	l := layoutOf(subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, corefile: src.Data[t.key], configMap: src.Labels})
+	l := layoutOf(subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, corefile: src.Data[t.key], configMap: src.Labels, program: programOf(&t.dep.Spec.Template.Spec)})
 	r.res.Layout = l.name
+	t.layout = l
 	if l.refused != "" {
 		return nil, &RefusedError{[]string{fmt.Sprintf("deployment %s/%s: %s", t.dep.Namespace, t.dep.Name, l.refused)}}
+	}
+	if err := r.imageRefusal(l); err != nil {
+		return nil, err
 	}
 	if l.warning != "" {
 		r.warn(l.warning)

@@ -148,7 +148,7 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 	case err != nil:
 		return err
 	}
-	sub := subject{kind: kindDeployment, meta: &t.dep.ObjectMeta}
+	sub := subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, program: programOf(&t.dep.Spec.Template.Spec)}
 	if read != nil {
 		sub.corefile, sub.configMap = read.Data[t.key], read.Labels
 	}

@@ -7,9 +7,9 @@ import (
 )
 
 // release is the CoreDNS release that ref runs, as its tag names it, or
-// "unknown".
+// "unknown". A node-cache image's tag is node-cache's release.
 func release(ref string) string {
-	if v, ok := imageref.CoreDNSVersion(ref); ok {
+	if v, ok := imageref.CoreDNSVersion(ref); ok && !isNodeCacheImage(ref) {
 		return v.String()
 	}
 	return "unknown"
@@ -17,6 +17,9 @@ func release(ref string) string {
 
 // releaseOf says which CoreDNS release ref runs, for a message.
 func releaseOf(ref string) string {
+	if isNodeCacheImage(ref) {
+		return "node-cache image " + ref + ", whose tag is node-cache's release, not CoreDNS's"
+	}
 	if v, ok := imageref.CoreDNSVersion(ref); ok {
 		return "CoreDNS " + v.String() + " (image " + ref + ")"
 	}
@@ -25,6 +28,9 @@ func releaseOf(ref string) string {
 
 // buildHint says how to build k8s_event on the release ref runs.
 func buildHint(ref string) string {
+	if isNodeCacheImage(ref) {
+		return "docs/install.md, node-local-dns, builds node-cache with k8s_event"
+	}
 	if v, ok := imageref.CoreDNSVersion(ref); ok {
 		return fmt.Sprintf("make image COREDNS_VERSION=%s builds it, and prints its reference", v)
 	}
