@@ -1,6 +1,7 @@
 package install
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"path"
@@ -91,6 +92,19 @@ func notNodeCache(image string) string {
 		return ""
 	}
 	return fmt.Sprintf("image %s is CoreDNS, not node-cache: node-cache also sets up the node's interface and iptables rules for node-local-dns's address, takes them down when it stops, and fills the __PILLAR__ placeholders of the Corefile template; CoreDNS does none of that, and its pods would not serve the node's DNS; build node-cache with k8s_event (docs/install.md, node-local-dns) and name that image, or --force if this image is such a build", image)
+}
+
+// checkNodeCacheRelease warns when Options.Image may not be a build of
+// the node-cache release that running is: a node-cache tag is its own
+// release, which decides its CoreDNS too; a build tagged from it
+// (1.26.4-k8s-event) keeps it.
+func (r *run) checkNodeCacheRelease(running string) {
+	have := imageref.ParseReference(running).Tag
+	want := imageref.ParseReference(r.o.Image).Tag
+	if have != "" && (want == have || strings.HasPrefix(want, have+"-")) {
+		return
+	}
+	r.warn(fmt.Sprintf("image %s may not be a build of the node-cache release the pods run (image %s): node-cache's release decides its CoreDNS too; a build tagged %s-k8s-event says it is one", r.o.Image, running, cmp.Or(have, "RELEASE")))
 }
 
 // imageRefusal is why the layout must not run Options.Image (with Force,

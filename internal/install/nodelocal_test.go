@@ -330,3 +330,24 @@ func TestCorefilePathOfNodeCache(t *testing.T) {
 		}
 	}
 }
+
+// A node-cache tag is node-cache's release: the release check compares
+// it, and warns only when the new image is not tagged from it.
+func TestNodeCacheReleaseIsChecked(t *testing.T) {
+	const running = "registry.k8s.io/dns/k8s-dns-node-cache:1.26.4"
+	for img, warns := range map[string]bool{
+		"registry.example/k8s-dns-node-cache:1.26.4-k8s-event-0.3.0": false,
+		"registry.example/k8s-dns-node-cache:1.26.4":                 false,
+		"registry.example/k8s-dns-node-cache:1.25.0-k8s-event":       true,
+		"registry.example/k8s-dns-node-cache:1.26.40":                true,
+	} {
+		r := newRun(&Options{Image: img}, "install")
+		refuse, err := r.checkRelease(&target{dep: asDeployment(&appsv1.DaemonSet{})}, running)
+		if err != nil || len(refuse) > 0 || (len(r.res.Warnings) > 0) != warns {
+			t.Errorf("%s: %v, %q, warnings %q; want a warning %v", img, err, refuse, r.res.Warnings, warns)
+		}
+		if r.res.CoreDNSBefore != "unknown" || r.res.CoreDNSAfter != "unknown" {
+			t.Errorf("%s: CoreDNS %s -> %s read from node-cache tags", img, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
+		}
+	}
+}

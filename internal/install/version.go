@@ -47,6 +47,10 @@ func (r *run) checkRelease(t *target, running string) ([]string, error) {
 		return nil, fmt.Errorf("%w: deployment %s/%s runs %s; name the image of k8s_event on that release (%s)", ErrNoImage, d.Namespace, d.Name, releaseOf(running), buildHint(running))
 	}
 	r.res.CoreDNSAfter = release(o.Image)
+	if isNodeCacheImage(running) {
+		r.checkNodeCacheRelease(running)
+		return nil, nil
+	}
 	before, after := r.res.CoreDNSBefore, r.res.CoreDNSAfter
 	if before == after && before != "unknown" {
 		return nil, nil
