@@ -156,6 +156,10 @@ func TestNodeLocalDNSCorefileGetsThePluginsInEveryBlock(t *testing.T) {
 			if back := strings.ReplaceAll(out.src, added, ""); back != src {
 				t.Errorf("bytes other than the added lines changed:\n%s", out.src)
 			}
+			again, err := out.withPlugins(nil, nil)
+			if err != nil || again.src != out.src {
+				t.Errorf("a second edit: %v, changed:\n%s", err, again.src)
+			}
 			for _, p := range []string{"__PILLAR__CLUSTER__DNS__", "__PILLAR__UPSTREAM__SERVERS__", "__PILLAR__LOCAL__DNS__", "__PILLAR__DNS__SERVER__", "__PILLAR__DNS__DOMAIN__"} {
 				if strings.Count(out.src, p) != strings.Count(src, p) {
 					t.Errorf("placeholder %s: %d times, %d before", p, strings.Count(out.src, p), strings.Count(src, p))
