@@ -13,6 +13,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	applyapps "k8s.io/client-go/applyconfigurations/apps/v1"
 	applycore "k8s.io/client-go/applyconfigurations/core/v1"
@@ -83,6 +84,13 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 	if s, err := install.Status(ctx, op, install.Options{Namespace: ns}); err != nil || s.State != install.StateInstalled {
 		t.Errorf("status as the operator: %+v, %v", s, err)
 	}
+	flowSchema := install.FlowSchemaName(ns, "coredns")
+	if fs, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, flowSchema, metav1.GetOptions{}); err != nil || fs.Spec.PriorityLevelConfiguration.Name != "k8s-event" {
+		t.Errorf("after install, flowschema %s: %v", flowSchema, err)
+	}
+	if _, err := admin.FlowcontrolV1().PriorityLevelConfigurations().Get(ctx, "k8s-event", metav1.GetOptions{}); err != nil {
+		t.Errorf("after install, prioritylevelconfiguration k8s-event: %v", err)
+	}
 
 	// Another run holds the lease and renews it, as a live run does.
 	holder, secs, now := "elsewhere/1/x", int32(60), metav1.NewMicroTime(time.Now())
@@ -128,6 +136,9 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 	if err := install.Uninstall(ctx, op, install.Options{Namespace: ns, Out: &out}); err != nil {
 		t.Fatalf("uninstall as the operator: %v\n%s", err, out.String())
 	}
+	if _, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, flowSchema, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("after uninstall, flowschema %s: %v, want it gone", flowSchema, err)
+	}
 	for _, get := range []func() error{
 		func() error {
 			_, err := admin.RbacV1().Roles(ns).Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
@@ -145,7 +156,8 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 }
 
 // operatorClient is a client for a ServiceAccount of ns bound to
-// deploy/kubectl-k8s-event/role.yaml.
+// deploy/kubectl-k8s-event/role.yaml: its Role in ns, its ClusterRole
+// cluster-wide.
 func operatorClient(t *testing.T, ns string) kubernetes.Interface {
 	t.Helper()
 	ctx := context.Background()
@@ -153,11 +165,15 @@ func operatorClient(t *testing.T, ns string) kubernetes.Interface {
 		{"-n", ns, "apply", "-f", filepath.Join(repoRoot, "deploy/kubectl-k8s-event/role.yaml")},
 		{"-n", ns, "create", "serviceaccount", "dns-operator"},
 		{"-n", ns, "create", "rolebinding", "kubectl-k8s-event", "--role", "kubectl-k8s-event", "--serviceaccount", ns + ":dns-operator"},
+		{"create", "clusterrolebinding", "kubectl-k8s-event-" + ns, "--clusterrole", "kubectl-k8s-event", "--serviceaccount", ns + ":dns-operator"},
 	} {
 		if _, stderr, err := kube.Kubectl(ctx, args...); err != nil {
 			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, stderr)
 		}
 	}
+	t.Cleanup(func() {
+		_ = kube.Clientset.RbacV1().ClusterRoleBindings().Delete(context.Background(), "kubectl-k8s-event-"+ns, metav1.DeleteOptions{})
+	})
 	tr, err := kube.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "dns-operator", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
