@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -90,6 +91,21 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 	}
 	if _, err := admin.FlowcontrolV1().PriorityLevelConfigurations().Get(ctx, "k8s-event", metav1.GetOptions{}); err != nil {
 		t.Errorf("after install, prioritylevelconfiguration k8s-event: %v", err)
+	}
+	// Again: the level and the FlowSchema, as the API server keeps them,
+	// are what install would write.
+	out.Reset()
+	if err := install.Install(ctx, op, install.Options{Namespace: ns, Image: image, Force: true, JSON: true, Out: &out}); err != nil {
+		t.Fatalf("install again: %v\n%s", err, out.String())
+	}
+	var again install.Result
+	if err := json.Unmarshal(out.Bytes(), &again); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range again.Changes {
+		if (ch.Kind == "flowschema" || ch.Kind == "prioritylevelconfiguration") && ch.Action != "keep" {
+			t.Errorf("install again: %s %s %s (%s), want it kept", ch.Action, ch.Kind, ch.Name, ch.Detail)
+		}
 	}
 
 	// Another run holds the lease and renews it, as a live run does.
