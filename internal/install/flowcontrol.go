@@ -237,16 +237,14 @@ func planFlowSchema(ctx context.Context, c kubernetes.Interface, fs *flowcontrol
 
 // ownFlowSchemas are the FlowSchemas the install made for workload in ns;
 // none where the API server serves no flowcontrol v1. ok is false where
-// they cannot be listed (forbidden): then nothing is removed, and a
-// warning says so.
-func (r *run) ownFlowSchemas(ctx context.Context, c kubernetes.Interface, ns, workload string) (list []flowcontrolv1.FlowSchema, ok bool, err error) {
+// they cannot be listed (forbidden).
+func ownFlowSchemas(ctx context.Context, c kubernetes.Interface, ns, workload string) (list []flowcontrolv1.FlowSchema, ok bool, err error) {
 	sel := fmt.Sprintf("%s=%s,%s=%s,%s=%s", managedByLabel, FieldManager, DeploymentLabel, workload, NamespaceLabel, ns)
 	got, err := c.FlowcontrolV1().FlowSchemas().List(ctx, metav1.ListOptions{LabelSelector: sel})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, true, nil
 	case apierrors.IsForbidden(err):
-		r.warn(fmt.Sprintf("the FlowSchemas install made for %s/%s are not checked, as listing flowschemas.%s is forbidden (deploy/kubectl-k8s-event/role.yaml, its ClusterRole, grants it): any stay", ns, workload, flowcontrolAPI))
 		return nil, false, nil
 	case err != nil:
 		return nil, false, fmt.Errorf("listing flowschemas: %w", err)
@@ -262,7 +260,7 @@ func (r *run) ownFlowSchemas(ctx context.Context, c kubernetes.Interface, ns, wo
 // flowControlNeeds are the rights the uninstall needs to remove the
 // FlowSchemas install made for workload in ns, and the level.
 func (r *run) flowControlNeeds(ctx context.Context, c kubernetes.Interface, ns, workload string) []need {
-	own, _, err := r.ownFlowSchemas(ctx, c, ns, workload)
+	own, _, err := ownFlowSchemas(ctx, c, ns, workload)
 	if err != nil || len(own) == 0 {
 		return nil
 	}
@@ -279,9 +277,13 @@ func (r *run) flowControlNeeds(ctx context.Context, c kubernetes.Interface, ns, 
 // ns, then the level when it is the tool's and no FlowSchema refers to it
 // any more (another workload's install shares it); the operator's stay.
 func (r *run) flowControlRemoval(ctx context.Context, c kubernetes.Interface, ns, workload, when string) error {
-	own, ok, err := r.ownFlowSchemas(ctx, c, ns, workload)
-	if err != nil || !ok {
+	own, ok, err := ownFlowSchemas(ctx, c, ns, workload)
+	if err != nil {
 		return err
+	}
+	if !ok {
+		r.warn(fmt.Sprintf("the FlowSchemas install made for %s/%s are not checked, as listing flowschemas.%s is forbidden (deploy/kubectl-k8s-event/role.yaml, its ClusterRole, grants it): any stay", ns, workload, flowcontrolAPI))
+		return nil
 	}
 	gone := map[string]bool{}
 	for _, fs := range own {

@@ -240,3 +240,30 @@ func names[V any](m map[string]V) []string {
 	}
 	return out
 }
+
+// A runner without the ClusterRole (an install with --flowcontrol=false)
+// still uninstalls, and status stays healthy: what it may not read of the
+// priority level is said, not counted against it.
+func TestWithoutTheClusterRoleUninstallAndStatusGoOn(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(deployment(), configMap())
+	if err := Install(ctx, c, Options{Image: image, NoFlowControl: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range []string{"flowschemas", "prioritylevelconfigurations"} {
+		for _, verb := range []string{"get", "list", "delete"} {
+			forbid(c, verb, res)
+		}
+	}
+	text, healthy := statusText(t, c)
+	if !healthy || !strings.Contains(text, "flowschema k8s-event-coredns not readable (forbidden)") {
+		t.Errorf("status without the ClusterRole (healthy %v):\n%s", healthy, text)
+	}
+	var out bytes.Buffer
+	if err := Uninstall(ctx, c, Options{Out: &out}); err != nil {
+		t.Fatalf("uninstall without the ClusterRole: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "listing flowschemas.flowcontrol.apiserver.k8s.io is forbidden") {
+		t.Errorf("uninstall does not say what it could not check:\n%s", out.String())
+	}
+}
