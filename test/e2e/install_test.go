@@ -28,8 +28,10 @@ import (
 // TestInstallAgainstTheAPIServer runs install, status and uninstall
 // against a real API server (no node: nothing rolls) as a ServiceAccount
 // bound to deploy/kubectl-k8s-event/role.yaml and nothing more, over a
-// Deployment applied server-side by another field manager: the Role is
-// enough (escalation checks included), the next server-side apply has no
+// Deployment of 5 replicas applied server-side by another field manager:
+// the Role and ClusterRole are enough (escalation checks included, the
+// fleet's Role among them), install makes the FlowSchema and the level and
+// uninstall deletes them, the next server-side apply has no
 // conflict, and a second run is refused while one holds the lease.
 func TestInstallAgainstTheAPIServer(t *testing.T) {
 	ctx := t.Context()
@@ -45,7 +47,7 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 	applied := applyapps.Deployment("coredns", ns).
 		WithLabels(map[string]string{"k8s-app": "kube-dns"}).
 		WithSpec(applyapps.DeploymentSpec().
-			WithReplicas(2).
+			WithReplicas(5). // more than install.FleetThreshold: fleet, and its Role
 			WithSelector(applymeta.LabelSelector().WithMatchLabels(map[string]string{"k8s-app": "kube-dns"})).
 			WithTemplate(applycore.PodTemplateSpec().
 				WithLabels(map[string]string{"k8s-app": "kube-dns"}).
@@ -84,6 +86,9 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 	}
 	if s, err := install.Status(ctx, op, install.Options{Namespace: ns}); err != nil || s.State != install.StateInstalled {
 		t.Errorf("status as the operator: %+v, %v", s, err)
+	}
+	if r, err := admin.RbacV1().Roles(ns).Get(ctx, "coredns-k8s-event-fleet", metav1.GetOptions{}); err != nil || len(r.Rules) != 2 {
+		t.Errorf("after install, the fleet's role: %v", err)
 	}
 	flowSchema := install.FlowSchemaName(ns, "coredns")
 	if fs, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, flowSchema, metav1.GetOptions{}); err != nil || fs.Spec.PriorityLevelConfiguration.Name != "k8s-event" {
@@ -162,6 +167,10 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 		},
 		func() error {
 			_, err := admin.RbacV1().RoleBindings(ns).Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+			return err
+		},
+		func() error {
+			_, err := admin.RbacV1().Roles(ns).Get(ctx, "coredns-k8s-event-fleet", metav1.GetOptions{})
 			return err
 		},
 	} {
