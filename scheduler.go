@@ -178,6 +178,11 @@ func (s *scheduler) stop(now time.Time, timeout time.Duration) {
 		e.retryAt = time.Time{}
 		s.place(e)
 	}
+	for _, e := range append(s.corr.cache.values(), slices.Collect(maps.Keys(s.settling))...) {
+		if e.slot.recreate && e.slot.in != nil && e.slot.in != &s.timers {
+			s.place(e) // a re-create found gone before the flush goes first in it too
+		}
+	}
 }
 
 // expire says the flush's time is up: nothing more is sent.
@@ -237,8 +242,8 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time.Time)) []request {
 	q, bk := s.queues[b], s.buckets[b]
 	for {
-		e := q.head()
-		if e == nil || bk.inFlight() >= maxInFlight && q.flying[e.key.plugin] > 0 {
+		e := q.head(bk.inFlight() >= maxInFlight)
+		if e == nil {
 			break // else a result comes, and asks again
 		}
 		if w := s.push.wait(now); w > 0 { // the API server asked the replica to wait
@@ -335,7 +340,8 @@ func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
 }
 
 // showDelays shows, by reason, the oldest event never written, and the bound
-// of a new line: a refill for each plugin waiting, the write, the pod's read.
+// of a new line: a refill for each plugin waiting, the write, and a refill and a write's time
+// for each read of the pod left.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		var since int64
@@ -347,11 +353,12 @@ func (s *scheduler) showDelays() {
 		if s.fleet.on() { // the share refills slower, and the herd's window comes first
 			qps = min(qps, s.fleet.buckets[l].qps)
 		}
-		refills := min(float64(max(len(s.queues[l].turns), 1))/qps, 365*24*3600)
-		bound := time.Duration(refills*1e9) + writeTimeout + s.fleet.window()
-		if s.pod.lookup {
-			bound += writeTimeout
-		}
+		// each read of the pod left takes a token and its time: a list, then a get
+		reads := float64(s.pod.readsLeft())
+		turns := float64(max(len(s.queues[l].turns), 1)) + reads
+		refills := min(turns/qps, 365*24*3600)
+		bound := time.Duration(refills*1e9) + writeTimeout*time.Duration(1+reads)
+		bound += s.fleet.window()
 		delays[l].since.Store(since)
 		delays[l].bound.Store(int64(bound))
 	}
@@ -380,10 +387,21 @@ func (s *scheduler) place(e *entry) {
 				e.slot.never = s.queues[e.key.level].unwritten.PushBack(e)
 			}
 		}
-		_, settling := s.settling[e] // in the flush, a re-create goes first too
-		s.queues[bucketOf(e)].push(e, settling || s.stopping && e.slot.recreate)
-		s.deferred(e, bucketOf(e))
+		s.queue(e)
 	}
+}
+
+// queue puts e, due now, in its bucket's queue: in the flush, a re-create goes first, before
+// the events seen after it; an entry settling first within its plugin.
+func (s *scheduler) queue(e *entry) {
+	q := s.queues[bucketOf(e)]
+	if s.stopping && e.slot.recreate {
+		q.pushFirst(e)
+	} else {
+		_, settling := s.settling[e]
+		q.push(e, settling)
+	}
+	s.deferred(e, bucketOf(e))
 }
 
 // watch waits for the quiet of e's storm, and ends it once it is up.
