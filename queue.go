@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"container/list"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +30,7 @@ type slot struct {
 	at       time.Time     // in the timers: when to look at it again
 	recreate bool          // its patch found the event gone
 	never    *list.Element // in its bucket's unwritten, while it waits and was never written
+	ownNever *list.Element // in its plugin's
 }
 
 // entryHeap is a heap of entries that know their place in it.
@@ -76,13 +78,17 @@ type turnQueue struct {
 	updateNext bool      // of a shape
 	shapes     map[uint64]*turnQueue
 	members    map[string]*turnQueue
-	turns      turns      // of a plugin, its shapes waiting; of a shape, its members
-	parent     *turnQueue // of a shape or a member
-	shape      uint64     // of a shape: its key in its plugin's shapes
-	member     string     // of a member: its key in its shape's members
-	served     uint64     // the turn it was last served
-	since      uint64     // the stamp it began to wait
-	index      int        // in the turns; -1 when nothing of it waits
+	turns      turns         // of a plugin, its shapes waiting; of a shape, its members
+	parent     *turnQueue    // of a shape or a member
+	shape      uint64        // of a shape: its key in its plugin's shapes
+	member     string        // of a member: its key in its shape's members
+	served     uint64        // the turn it was last served
+	since      uint64        // the stamp it began to wait
+	index      int           // in the turns; -1 when nothing of it waits
+	unwritten  list.List     // of a plugin: its entries never written that wait, oldest first
+	age        *atomic.Int64 // of a plugin: its metric (metrics.go), once shown
+	name       string        // of a plugin
+	changed    bool          // of a plugin: its oldest never written may have changed
 }
 
 func newTurnQueue(depth int, parent *turnQueue, served uint64) *turnQueue {
@@ -142,6 +148,7 @@ type tokenQueue struct {
 	turns     turns
 	turn      uint64
 	unwritten list.List      // of the entries never written that wait, oldest first
+	changed   []*turnQueue   // plugins whose oldest never written may have changed
 	flying    map[string]int // requests in flight, by plugin
 }
 
@@ -175,17 +182,52 @@ func (q *tokenQueue) head(capped bool) *entry {
 	return best.head()
 }
 
+// plugin is the queue of a plugin, made if need be; it stays, as plugins are few.
+func (q *tokenQueue) plugin(name string) *turnQueue {
+	p := q.plugins[name]
+	if p == nil {
+		p = newTurnQueue(depthPlugin, nil, 0)
+		p.name = name
+		q.plugins[name] = p
+	}
+	return p
+}
+
+// neverWritten lists e among the entries never written that wait, its bucket's and its plugin's.
+func (q *tokenQueue) neverWritten(e *entry) {
+	p := q.plugin(e.key.plugin)
+	e.slot.never = q.unwritten.PushBack(e)
+	e.slot.ownNever = p.unwritten.PushBack(e)
+	q.change(p)
+}
+
+// written takes e out of the entries never written.
+func (q *tokenQueue) written(e *entry) {
+	if e.slot.never == nil {
+		return
+	}
+	p := q.plugins[e.key.plugin]
+	q.unwritten.Remove(e.slot.never)
+	p.unwritten.Remove(e.slot.ownNever)
+	e.slot.never, e.slot.ownNever = nil, nil
+	q.change(p)
+}
+
+// change notes that p's oldest entry never written may have changed.
+func (q *tokenQueue) change(p *turnQueue) {
+	if !p.changed {
+		p.changed = true
+		q.changed = append(q.changed, p)
+	}
+}
+
 // pushFirst queues e before the plugins' turns, behind those that began to wait before it.
 func (q *tokenQueue) pushFirst(e *entry) { heap.Push(&q.first, e) }
 
 // push queues e, settling or not, behind those that began to wait before it.
 // A shape or a member that waits again takes the place of its entry served last.
 func (q *tokenQueue) push(e *entry, settling bool) {
-	p := q.plugins[e.key.plugin]
-	if p == nil {
-		p = newTurnQueue(depthPlugin, nil, 0)
-		q.plugins[e.key.plugin] = p
-	}
+	p := q.plugin(e.key.plugin)
 	if settling {
 		q.into(&p.settling, p, e)
 		return

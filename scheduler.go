@@ -3,6 +3,7 @@ package k8s_event
 import (
 	"cmp"
 	"container/heap"
+	"container/list"
 	"errors"
 	"maps"
 	"math"
@@ -344,11 +345,7 @@ func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
 // for each read of the pod left.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
-		var since int64
-		if f := s.queues[l].unwritten.Front(); f != nil {
-			// The wall time now less the time that passed: a step of the wall clock is no wait.
-			since = s.now.UnixNano() - int64(s.now.Sub(f.Value.(*entry).first))
-		}
+		since := s.showPlugins(l)
 		qps := s.set.qps
 		if s.fleet.on() { // the share refills slower, and the herd's window comes first
 			qps = min(qps, s.fleet.buckets[l].qps)
@@ -362,6 +359,33 @@ func (s *scheduler) showDelays() {
 		delays[l].since.Store(since)
 		delays[l].bound.Store(int64(bound))
 	}
+}
+
+// showPlugins shows, by plugin, the oldest event of reason l never written, for the plugins
+// whose oldest changed, and returns the oldest of all: the unix nanoseconds of the wall time now
+// less the time that passed since its first line (a step of the wall clock is no wait); 0 when
+// none waits.
+func (s *scheduler) showPlugins(l level) int64 {
+	q := s.queues[l]
+	for _, p := range q.changed {
+		if p.age == nil {
+			p.age = pluginAge(l, p.name)
+		}
+		p.age.Store(s.since(p.unwritten.Front()))
+		p.changed = false
+	}
+	clear(q.changed)
+	q.changed = q.changed[:0]
+	return s.since(q.unwritten.Front())
+}
+
+// since is when the event of f, an element of a list of entries never written, began to wait on
+// the wall clock now; 0 for nil.
+func (s *scheduler) since(f *list.Element) int64 {
+	if f == nil {
+		return 0
+	}
+	return s.now.UnixNano() - int64(s.now.Sub(f.Value.(*entry).first))
 }
 
 // place puts e where it waits now: in its bucket's queue, in the timers,
@@ -384,7 +408,7 @@ func (s *scheduler) place(e *entry) {
 		if e.slot.stamp == 0 {
 			e.slot.stamp = s.nextID() // increasing, as stamps must be
 			if e.carried == 0 && e.end == nil {
-				e.slot.never = s.queues[e.key.level].unwritten.PushBack(e)
+				s.queues[e.key.level].neverWritten(e)
 			}
 		}
 		s.queue(e)
@@ -686,8 +710,5 @@ func (s *scheduler) drop(e *entry, reason dropReason) {
 
 // forget takes e out of its bucket's list of the entries never written.
 func (s *scheduler) forget(e *entry) {
-	if e.slot.never != nil {
-		s.queues[e.key.level].unwritten.Remove(e.slot.never)
-		e.slot.never = nil
-	}
+	s.queues[e.key.level].written(e)
 }

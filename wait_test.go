@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // holds tells whether the API holds an event whose message ends with msg.
@@ -136,5 +138,71 @@ func TestFlushKeepsARecreateAheadOfLinesSeenAfterIt(t *testing.T) {
 	if !holds(api, "upstream X down") {
 		t.Errorf("the re-create is not written in the flush; events: %d, b's line written: %v",
 			len(api.list()), holds(api, "reload failed"))
+	}
+}
+
+// TestUnwrittenAgeIsShownByPlugin: the age of the oldest event never
+// written is shown by plugin too, so that the alert names the plugin whose
+// line waits; a plugin with none waiting shows 0.
+func TestUnwrittenAgeIsShownByPlugin(t *testing.T) {
+	h, _, clk := newTestHarness(t, testConfig(all, 1.0/300, 1, 64))
+	h.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	drain(h) // A takes the one token
+	clk.Step(10 * time.Second)
+	first := clk.Now()
+	h.observe(ln(levelError, "forward", "upstream B down", first))
+	clk.Step(10 * time.Second)
+	drain(h)
+	if since := pluginAge(levelError, "plugin/forward: ").Load(); since != first.UnixNano() {
+		t.Errorf("forward's oldest unwritten since %v, want B's first line at %v",
+			time.Unix(0, since), first)
+	}
+	if since := pluginAge(levelError, "plugin/errors: ").Load(); since != 0 {
+		t.Errorf("errors' oldest unwritten since %v, want none: A is written", time.Unix(0, since))
+	}
+	shown := map[string]float64{}
+	families, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "coredns_k8s_event_unwritten_plugin_age_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["reason"] == "CoreDNSError" {
+				shown[labels["plugin"]] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if age, ok := shown["forward"]; !ok || age <= 0 {
+		t.Errorf("forward's unwritten age shown %v (%v), want its wait", age, ok)
+	}
+	if age, ok := shown["errors"]; !ok || age != 0 {
+		t.Errorf("errors' unwritten age shown %v (%v), want 0", age, ok)
+	}
+}
+
+// TestEndOfAMembersEventNamesItsMember: the end of a promoted member's
+// event names the member, so that it is not the same event as the end of
+// its shape's combined event over the same seconds.
+func TestEndOfAMembersEventNamesItsMember(t *testing.T) {
+	at := epoch
+	key := eventKey{level: levelError, plugin: "plugin/errors: ", shape: otherShapes}
+	shape := &entry{key: key, hitters: &hitters{}, first: at, stamped: at,
+		message: "plugin/errors: 2 q1.example.org. A: i/o timeout"}
+	shape.seen = 1
+	key.member = "db1.corp.example"
+	member := &entry{key: key, hitters: &hitters{}, first: at, stamped: at,
+		message: "plugin/errors: 2 db1.corp.example. A: i/o timeout"}
+	member.seen = 1
+	a, b := endOf(shape, at.Add(time.Minute)), endOf(member, at.Add(time.Minute))
+	if a.end.message == b.end.message || !strings.Contains(b.end.message, key.member) {
+		t.Errorf("the end of the member's event says %q, of its shape's %q: want the member named",
+			b.end.message, a.end.message)
 	}
 }
