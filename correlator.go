@@ -169,11 +169,8 @@ func (c *correlator) observe(ln line) *entry {
 			e.hitters = &hitters{}
 		}
 		top, recent = e.hitters.add(m, el, c.paced)
-		if key.shape == otherShapes && len(e.hitters.shapes) < maxCountedShapes {
-			if x := shapeHash(strings.TrimPrefix(msg,
-				ln.plugin)); !slices.Contains(e.hitters.shapes, x) {
-				e.hitters.shapes = append(e.hitters.shapes, x)
-			}
+		if key.shape == otherShapes {
+			e.hitters.countShape(shapeHash(strings.TrimPrefix(msg, ln.plugin)))
 		}
 	}
 	if c.paced > 0 && (key.level == levelWarning || key.level == levelError) {
@@ -188,6 +185,9 @@ func (c *correlator) observe(ln line) *entry {
 	c.seq++
 	e.seq = c.seq
 	e.message = msg
+	if !key.combined() { // the same text as its key: kept once
+		e.message = e.key.message
+	}
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
