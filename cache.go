@@ -74,8 +74,10 @@ func (h groups) first() *group {
 func (h groups) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].at, h[j].at = i, j }
 func (h *groups) Push(x any)   { g := x.(*group); g.at = len(*h); *h = append(*h, g) }
 func (h *groups) Pop() any {
-	g := (*h)[len(*h)-1]
-	*h = (*h)[:len(*h)-1]
+	n := len(*h) - 1
+	g := (*h)[n]
+	(*h)[n] = nil // a group gone must not be kept, nor the line its member is a part of
+	*h = (*h)[:n]
 	return g
 }
 

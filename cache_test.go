@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"cmp"
 	"fmt"
 	"runtime"
 	"strings"
@@ -108,15 +109,18 @@ func TestFullCacheOfNoiseKeepsAnotherPluginsLine(t *testing.T) {
 	t.Errorf("the reload line was never written; %v lines evicted", d.dropped[dropEvicted])
 }
 
-// BenchmarkCacheBytes fills a scheduler's cache of CACHESIZE events, each
-// of a line at the 1 KiB cap, at the default CACHESIZE and at the maximum,
-// and reports the heap that each cached event holds (B/event), that the
-// summary of 32 members of the longest kept adds to a combined event
-// (B/members), and that each end waiting to be written holds (B/end): the
-// cache, as many settling events and the queue of ends, each at most
-// CACHESIZE, take at most CACHESIZE x (2 x (B/event + B/members) + B/end).
+// BenchmarkCacheBytes fills every structure that grows with CACHESIZE to its cap, with messages
+// at the 1 KiB cap, and reports what each holds: a cached event of its own shape and member, in
+// its plugin's queue (B/event); a summary of 32 members of the longest kept, 3 of them named, and
+// of 256 other shapes, counted for every event though only combined events carry one
+// (B/summary); an evicted event settling, its summary's names kept in its text (B/settling); an
+// end waiting to be written (B/end); the 16 promoters, full (KiB/promoters); and the budgets,
+// groups and queues of one plugin and level, counted for 1024 of them (B/plugin-level). One
+// pipeline serves the process whatever its server blocks, so the process takes at most
+// CACHESIZE x (event + summary + settling + end) + 1024 x plugin-level + promoters (MiB/bound).
+// The run at the maximum CACHESIZE takes minutes:
 //
-//	go test -run '^$' -bench CacheBytes -benchtime 1x .
+//	go test -run '^$' -bench 'CacheBytes/4096' -benchtime 1x .
 func BenchmarkCacheBytes(b *testing.B) {
 	for _, n := range []int{defaultCacheSize, maxCacheSize} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
@@ -127,66 +131,135 @@ func BenchmarkCacheBytes(b *testing.B) {
 	}
 }
 
+// benchPlugins is how many plugins the events of BenchmarkCacheBytes share.
+const benchPlugins = 64
+
+// fillCache observes n lines at the 1 KiB cap, each an event of its own shape and member, of
+// benchPlugins plugins, an hour apart every budget of them so that none is combined, from at on.
+func fillCache(s *scheduler, n int, tag string, at time.Time) time.Time {
+	pad := strings.Repeat("x", maxMessageBytes)
+	for i := range n {
+		if i%(benchPlugins*ownEvents) == 0 {
+			at = at.Add(budgetWindow)
+		}
+		plugin := fmt.Sprintf("plugin/p%d: ", i%benchPlugins)
+		word := []byte(tag)
+		for k := i; k > 0; k /= 26 {
+			word = append(word, byte('a'+k%26))
+		}
+		text := plugin + fmt.Sprintf("2 q%07d.%s.example.org. A: %s ", i, tag, word) + pad
+		s.observe(line{level: levelError, plugin: plugin, at: at, text: text[:maxMessageBytes]})
+	}
+	return at
+}
+
+// fillSummaries gives each entry a summary of hitterSlots members at the length cap, the first
+// three of 10 lines (named in its note), and of maxCountedShapes other shapes.
+func fillSummaries(entries []*entry, first int) {
+	for i, e := range entries {
+		e.hitters = &hitters{}
+		for j := range hitterSlots {
+			m := cutMember(fmt.Sprintf("%0*d", maxMemberLen, (first+i)*hitterSlots+j))
+			for range cmp.Or(10*min(1, max(0, 3-j)), 1) {
+				e.hitters.add(m, 0, 0)
+			}
+		}
+		for j := range maxCountedShapes {
+			e.hitters.countShape(uint64(j + 1))
+		}
+	}
+}
+
 func benchCacheBytes(b *testing.B, n int) {
 	cfg := testConfig(levelsOf(levelError), defaultQPS, defaultBurst, n)
 	cfg.quiet = defaultQuiet // storms' flows counted
 	s := newScheduler(cfg, testPod(), epoch)
-	pad := strings.Repeat("x", maxMessageBytes)
-	lines := make([]line, n)
-	for i := range lines {
-		plugin := fmt.Sprintf("plugin/p%d: ", i) // one plugin each: no combining
-		lines[i] = line{level: levelError, plugin: plugin, at: epoch, text: (plugin + fmt.Sprintf("2 q%07d.example.org. A: ", i) + pad)[:maxMessageBytes]}
+	var ms [7]runtime.MemStats
+	mark := func(i int) {
+		runtime.GC()
+		runtime.ReadMemStats(&ms[i])
 	}
-	var m0, m1, m2, m3 runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&m0)
-	for _, ln := range lines {
-		ln.text = strings.Clone(ln.text) // the listener's allocation, which the event keeps
-		s.observe(ln)
+	heap := func(i, j int) float64 { return float64(int64(ms[j].HeapAlloc) - int64(ms[i].HeapAlloc)) }
+	mark(0)
+	at := fillCache(s, n, "a", epoch)
+	mark(1)
+	fillSummaries(s.corr.cache.values(), 0)
+	mark(2)
+	for _, e := range s.corr.cache.values() { // each evicted, its latest write unanswered
+		e.doubt = e.seen
 	}
-	runtime.GC()
-	runtime.ReadMemStats(&m1)
-	entries := s.corr.cache.values()
-	for i, e := range entries {
-		e.hitters = &hitters{}
-		for j := range hitterSlots {
-			e.hitters.add(cutMember(fmt.Sprintf("%0*d", maxMemberLen, i*hitterSlots+j)), 0, 0)
-		}
-		for j := range maxCountedShapes { // the other shapes' event counts theirs
-			e.hitters.shapes = append(e.hitters.shapes, uint64(j+1))
-		}
+	s.corr.cache.resize(0)
+	s.corr.cache.resize(n)
+	if len(s.settling) != n {
+		b.Fatalf("%d settling, want %d", len(s.settling), n)
 	}
-	runtime.GC()
-	runtime.ReadMemStats(&m2)
-	ends := make([]*entry, 0, n)
-	for _, e := range entries {
-		e.hitters = nil
-		ends = append(ends, endOf(e, epoch))
+	for e := range s.settling { // as a combined event's: its text is its note alone
+		e.key.message = ""
 	}
-	runtime.GC()
-	runtime.ReadMemStats(&m3)
-	var m4 runtime.MemStats
+	mark(3)
+	fillCache(s, n, "b", at)
+	fillSummaries(s.corr.cache.values(), n)
+	mark(4)
+	for _, e := range s.corr.cache.values() {
+		end := endOf(e, at)
+		s.ends.add(end, n)
+		s.place(end)
+	}
+	if len(s.ends.list) != n {
+		b.Fatalf("%d ends, want %d", len(s.ends.list), n)
+	}
+	mark(5)
 	for i := range maxPromoters { // every promoter full, of members at the length cap
-		w := &window{}
-		p := s.corr.promoterOf(w)
+		p := s.corr.promoterOf(&window{})
 		for j := range promoterSlots {
 			p.add(fmt.Sprintf("%0*d", maxMemberLen, i*promoterSlots+j), budgetWindow)
 		}
 	}
-	runtime.GC()
-	runtime.ReadMemStats(&m4)
-	promoters := float64(int64(m4.HeapAlloc) - int64(m3.HeapAlloc))
-	perEvent := float64(m1.HeapAlloc-m0.HeapAlloc) / float64(n)
-	perMembers := float64(int64(m2.HeapAlloc)-int64(m1.HeapAlloc)) / float64(n)
-	perEnd := float64(int64(m3.HeapAlloc)-int64(m2.HeapAlloc)+int64(m2.HeapAlloc-m1.HeapAlloc)) / float64(n)
+	mark(6)
+	perEvent, perSummary := heap(0, 1)/float64(n), heap(1, 2)/float64(n)
+	perSettling := heap(0, 3) / float64(n)
+	perEnd := heap(4, 5) / float64(n)
+	promoters := heap(5, 6)
+	perPluginLevel := benchPluginLevelBytes(b)
 	b.ReportMetric(perEvent, "B/event")
-	b.ReportMetric(perMembers, "B/members")
+	b.ReportMetric(perSummary, "B/summary")
+	b.ReportMetric(perSettling, "B/settling")
 	b.ReportMetric(perEnd, "B/end")
 	b.ReportMetric(promoters/(1<<10), "KiB/promoters")
-	b.ReportMetric((float64(n)*(2*(perEvent+perMembers)+perEnd)+promoters)/(1<<20), "MiB/bound")
+	b.ReportMetric(perPluginLevel, "B/plugin-level")
+	bound := float64(n)*(perEvent+perSummary+perSettling+perEnd) + maxWindows*perPluginLevel +
+		promoters
+	b.ReportMetric(bound/(1<<20), "MiB/bound")
+	b.ReportMetric(heap(0, 6)/(1<<20), "MiB/measured")
 	runtime.KeepAlive(s)
-	runtime.KeepAlive(ends)
-	runtime.KeepAlive(lines) // their texts are no part of the cache
+}
+
+// benchPluginLevelBytes is the heap that a plugin and level of their own add to an event of one
+// line: its budget, its groups in the cache, its queue.
+func benchPluginLevelBytes(b *testing.B) float64 {
+	const n = 1024
+	measure := func(plugins int) float64 {
+		s := newScheduler(testConfig(levelsOf(levelError), defaultQPS, defaultBurst, n),
+			testPod(), epoch)
+		lines := make([]line, n)
+		for i := range lines {
+			plugin := fmt.Sprintf("plugin/p%d: ", i%plugins)
+			text := plugin + fmt.Sprintf("2 q%07d.example.org. A: i/o timeout", i)
+			lines[i] = line{level: levelError, plugin: plugin, text: text,
+				at: epoch.Add(time.Duration(i/(plugins*ownEvents)) * budgetWindow)}
+		}
+		var m0, m1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		for _, ln := range lines {
+			s.observe(ln)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		runtime.KeepAlive(s)
+		return float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc)) / n
+	}
+	return measure(n) - measure(1)
 }
 
 // TestCacheCountsEntriesOfOneMember: the cache knows how many of its entries

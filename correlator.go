@@ -3,10 +3,11 @@ package k8s_event
 import (
 	"cmp"
 	"hash/maphash"
-	"maps"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 const (
@@ -123,8 +124,10 @@ func (w *window) spend(at time.Duration)     { w.made.spend(at) }
 // correlator folds lines into entries: repeats counted, storms combined by shape, those whose loss
 // costs the least evicted beyond the cache size (cache.go). Owned by the scheduler's goroutine.
 type correlator struct {
-	cache   *cache
-	windows map[windowKey]*window
+	cache *cache
+	// windows are the budgets of at most maxWindows plugins and levels: the least recently used
+	// goes first, which is never one whose lines keep coming.
+	windows *simplelru.LRU[windowKey, *window]
 	lastKey windowKey // of last, the window used last
 	last    *window
 	origin  time.Time // a budgetWindow before the first line: no window's zero is within one
@@ -141,7 +144,11 @@ type correlator struct {
 
 // newCorrelator keeps size entries; evicted is told of each that leaves.
 func newCorrelator(size int, evicted func(*entry)) *correlator {
-	return &correlator{cache: newCache(size, evicted), windows: map[windowKey]*window{}}
+	windows, err := simplelru.NewLRU[windowKey, *window](maxWindows, nil)
+	if err != nil {
+		panic(err) // maxWindows is positive
+	}
+	return &correlator{cache: newCache(size, evicted), windows: windows}
 }
 
 func (c *correlator) observe(ln line) *entry {
@@ -169,16 +176,13 @@ func (c *correlator) observe(ln line) *entry {
 			e.hitters = &hitters{}
 		}
 		top, recent = e.hitters.add(m, el, c.paced)
-		if key.shape == otherShapes && len(e.hitters.shapes) < maxCountedShapes {
-			if x := shapeHash(strings.TrimPrefix(msg,
-				ln.plugin)); !slices.Contains(e.hitters.shapes, x) {
-				e.hitters.shapes = append(e.hitters.shapes, x)
-			}
+		if key.shape == otherShapes {
+			e.hitters.countShape(shapeHash(strings.TrimPrefix(msg, ln.plugin)))
 		}
 	}
 	if c.paced > 0 && (key.level == levelWarning || key.level == levelError) {
 		if e.flow == nil {
-			e.flow = &flow{ends: &c.window(windowKey{key.level, key.plugin}, el).ends}
+			e.flow = &flow{ends: &c.window(windowKey{key.level, key.plugin}).ends}
 		}
 		// A top member holds its storm open only with more lines of its own than the threshold.
 		e.flow.add(ln.at, el, c.paced, top && recent > e.flow.threshold())
@@ -188,6 +192,9 @@ func (c *correlator) observe(ln line) *entry {
 	c.seq++
 	e.seq = c.seq
 	e.message = msg
+	if !key.combined() { // the same text as its key: kept once
+		e.message = e.key.message
+	}
 	if ln.at.After(e.last) {
 		e.last = ln.at
 	}
@@ -216,7 +223,7 @@ const combinedPrefix = "(combined from similar events): "
 // the entry of that key if there is one, and the line's member if it is combined.
 func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, string) {
 	at := ln.at.Sub(c.origin) // on the monotonic clock
-	w := c.window(windowKey{ln.level, ln.plugin}, at)
+	w := c.window(windowKey{ln.level, ln.plugin})
 	spent := w.spent(at)
 	if spent < ownEvents {
 		w.spend(at)
@@ -281,24 +288,16 @@ func (c *correlator) promoterOf(w *window) *promoter {
 	return p
 }
 
-// window is the budget of wk. Beyond maxWindows, those unused for budgetWindow go first.
-func (c *correlator) window(wk windowKey, at time.Duration) *window {
+// window is the budget of wk. Beyond maxWindows, the least recently used goes.
+func (c *correlator) window(wk windowKey) *window {
 	if c.last != nil && c.lastKey == wk { // a storm is of one plugin and level
 		return c.last
 	}
-	if w, ok := c.windows[wk]; ok {
-		c.lastKey, c.last = wk, w
-		return w
+	w, ok := c.windows.Get(wk)
+	if !ok {
+		w = &window{}
+		c.windows.Add(wk, w)
 	}
-	if len(c.windows) >= maxWindows {
-		maps.DeleteFunc(c.windows,
-			func(_ windowKey, old *window) bool { return old.spent(at) == 0 })
-		if len(c.windows) >= maxWindows {
-			clear(c.windows)
-		}
-	}
-	w := &window{}
-	c.windows[wk] = w
 	c.lastKey, c.last = wk, w
 	return w
 }

@@ -103,20 +103,27 @@ func TestLinesFlowOnlyWhileQuietIsOn(t *testing.T) {
 }
 
 // TestFullWindowsKeepTheBudgetsInUse: when maxWindows plugins have a window,
-// a new plugin's takes the place of one unused for an hour, never that of
-// a plugin whose budget is spent: its next new line is still combined.
+// a new plugin's takes the place of the least recently used, never that of
+// a plugin whose budget is spent and whose lines keep coming: its next new
+// line is still combined, also when every other window is within its hour.
 func TestFullWindowsKeepTheBudgetsInUse(t *testing.T) {
+	for _, since := range []time.Duration{budgetWindow + time.Minute, time.Minute} {
+		fullWindowsKeepTheBudgetsInUse(t, since)
+	}
+}
+
+func fullWindowsKeepTheBudgetsInUse(t *testing.T, since time.Duration) {
 	c := newCorrelator(4*maxWindows, func(*entry) {})
 	for i := range maxWindows - 1 {
 		c.observe(ln(levelError, fmt.Sprint("old", i), "x", epoch))
 	}
-	at := epoch.Add(budgetWindow + time.Minute)
+	at := epoch.Add(since)
 	for i := range budget {
 		c.observe(ln(levelError, "errors", strings.Repeat("w ", i+1)+"end", at))
 	}
 	c.observe(ln(levelError, "new", "x", at))
 	if e := c.observe(ln(levelError, "errors", "w end again", at)); !e.key.combined() {
-		t.Errorf("a plugin's window was dropped while its budget was spent: %q is an event of its own", e.key.message)
+		t.Errorf("%v after the others: a plugin's window was dropped while its budget was spent: %q is an event of its own", since, e.key.message)
 	}
 }
 
@@ -128,12 +135,12 @@ func TestWindowsAreBounded(t *testing.T) {
 	most := 0
 	for i := range 3 * maxWindows {
 		c.observe(ln(levelError, fmt.Sprint("p", i), "x", epoch))
-		most = max(most, len(c.windows))
+		most = max(most, c.windows.Len())
 	}
 	if most != maxWindows {
 		t.Errorf("at most %d windows, want %d", most, maxWindows)
 	}
-	clear(c.windows)
+	c.windows.Purge()
 
 	// Windows of two plugins live side by side: lines of both, interleaved,
 	// are combined past the threshold of each.
@@ -145,7 +152,7 @@ func TestWindowsAreBounded(t *testing.T) {
 	if got := testutil.ToFloat64(aggregated[levelInfo]) - before; got != 2*ownEvents {
 		t.Errorf("%v lines combined, want %d", got, 2*ownEvents)
 	}
-	clear(c.windows)
+	c.windows.Purge()
 	for i := range ownEvents {
 		c.observe(ln(levelWarning, "forward", fmt.Sprint("line ", i), epoch))
 	}

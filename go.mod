@@ -7,6 +7,7 @@ require (
 	github.com/coredns/coredns v1.12.0
 	github.com/coredns/kubeapi v0.0.0-20220204142012-e4e9337f0a0d
 	github.com/go-logr/logr v1.4.2
+	github.com/hashicorp/golang-lru/v2 v2.0.3
 	github.com/miekg/dns v1.1.62
 	github.com/prometheus/client_golang v1.20.5
 	golang.org/x/mod v0.18.0

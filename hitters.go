@@ -32,13 +32,13 @@ const (
 // hitter is a counter of the summary. Counters are small, so that a line's scan reads little: the
 // member's bytes are kept apart, in held.
 type hitter struct {
-	n, at      uint8 // the member's length, and its place in held
 	count, err int64 // count is an upper bound, count-err a lower bound
 	from       int64 // count when the current storm began
 	// recent is its lines of the half quiet before half and of half, as counted since it took its
 	// slot: a lower bound of its lines within the last quiet.
 	recent [2]int32
-	half   int64
+	half   int32 // two a second at most: 34 years of them
+	n, at  uint8 // the member's length, and its place in held (last, so that a hitter is 40 B)
 }
 
 // tick counts a line at el (the correlator's elapsed time) in its halves of quiet, and returns its
@@ -47,7 +47,7 @@ func (s *hitter) tick(el, quiet time.Duration) int64 {
 	if quiet < 2 {
 		return 0
 	}
-	k := int64(el / (quiet / 2))
+	k := int32(el / (quiet / 2))
 	switch k {
 	case s.half:
 	case s.half + 1:
@@ -76,8 +76,19 @@ type hitters struct {
 	low    int64               // at most the least count of a slot
 	next   int                 // where the search for a slot of the least count goes on
 	lines  int64
-	// of the lines of other shapes: those of the current storm, up to maxCountedShapes
-	shapes []uint64
+	// of the lines of other shapes: the low halves of the hashes of those of the current storm, up
+	// to maxCountedShapes, in an array made at the first (2^-32 a pair to take two for one)
+	shapes []uint32
+}
+
+// countShape counts the shape of hash x among the other shapes of the current storm.
+func (h *hitters) countShape(x uint64) {
+	if h.shapes == nil {
+		h.shapes = make([]uint32, 0, maxCountedShapes)
+	}
+	if len(h.shapes) < maxCountedShapes && !slices.Contains(h.shapes, uint32(x)) {
+		h.shapes = append(h.shapes, uint32(x))
+	}
 }
 
 // add counts a line of member at el, the correlator's elapsed time, and tells whether member is

@@ -674,7 +674,16 @@ func (s *scheduler) failed(e *entry, res result, now time.Time) {
 	s.report(now, res.err)
 }
 
-func (s *scheduler) evicted(e *entry) { e.evicted = true; s.retire(e) }
+// evicted retires e, which left the cache. It gets no more lines: its note is kept as its message,
+// and its summary and flow go, so that an entry settling holds no more than its text.
+func (s *scheduler) evicted(e *entry) {
+	e.evicted = true
+	if e.hitters != nil {
+		e.message = e.note()
+	}
+	e.hitters, e.flow = nil, nil
+	s.retire(e)
+}
 
 // retire decides the fate of an evicted entry once no write of it is in flight: its pending lines
 // are dropped, unless its latest write got no answer; then it stays, for as long as there is room,
