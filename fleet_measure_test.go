@@ -41,6 +41,8 @@ type fleetRow struct {
 	etcdGrowth        float64 // bytes
 	landed            time.Duration
 	landedOK          bool
+	pending           int64   // lines still pending at the end
+	bound             float64 // the fleet's bound over the measured time; 0 without fleet
 	ledger            string
 	ledgerOK          bool
 	events            int
@@ -80,7 +82,7 @@ type snapshot struct {
 	dropped  float64
 }
 
-func (f *fleet) snapshot(b *testing.B) snapshot {
+func (f *benchFleet) snapshot(b *testing.B) snapshot {
 	ctx := b.Context()
 	text, err := f.kube.MetricsText(ctx)
 	if err != nil {
@@ -120,11 +122,12 @@ func writeCount(m promText, code string) float64 {
 }
 
 // scenario runs one scenario and measures it.
-func (f *fleet) scenario(b *testing.B, name string, level bool, options string) fleetRow {
-	cfg := fleetConfig(b, options)
+func (f *benchFleet) scenario(b *testing.B, name string, level bool, options string) fleetRow {
+	cfg := benchConfig(b, options)
 	f.setLevel(b, level)
 	f.clearEvents(b)
 	row := fleetRow{scenario: name, options: options, level: level}
+	fmt.Fprintf(os.Stderr, "%s start %s\n", time.Now().UTC().Format(time.TimeOnly), row.name())
 	start := time.Now()
 	rs := f.start(cfg)
 	idleFrom := time.Now()
@@ -166,6 +169,12 @@ func (f *fleet) scenario(b *testing.B, name string, level bool, options string) 
 	dropped := int64(after.dropped - before.dropped)
 	pending := int64(testutil.ToFloat64(pendingLines))
 	row.ledgerOK = carried+dropped+pending == row.lines
+	row.pending = pending
+	if cfg.fleetQPS > 0 {
+		// README: BURST + N + (QPS + N / 3600) x T over any T, here the time between the readings.
+		n := float64(f.want)
+		row.bound = float64(cfg.fleetBurst) + n + (cfg.fleetQPS+n/3600)*after.at.Sub(before.at).Seconds()
+	}
 	row.ledger = fmt.Sprintf("%d lines = %d in counts + %d dropped + %d pending", row.lines, carried, dropped, pending)
 	rs.stop()
 	row.took = time.Since(start)
@@ -513,30 +522,39 @@ func ms(d time.Duration) string {
 func (r fleetRow) markdown() string {
 	landed := fmt.Sprintf("%.1f s", r.landed.Seconds())
 	if !r.landedOK {
-		landed = fmt.Sprintf("not within %.0f s", r.landed.Seconds())
+		landed = fmt.Sprintf("not within %.0f s (%d pending)", r.landed.Seconds(), r.pending)
+	}
+	bound := "-"
+	if r.bound > 0 {
+		bound = fmt.Sprintf("%.0f, within", r.bound)
+		if r.writes > r.bound {
+			bound = fmt.Sprintf("%.0f, EXCEEDED", r.bound)
+		}
 	}
 	ledger := "ok"
 	if !r.ledgerOK {
 		ledger = "FAIL: " + r.ledger
 	}
 	ours, high := r.apf["k8s-event"], r.apf["workload-high"]
-	return fmt.Sprintf("| %s | %d | %.0f | %.0f | %.0f | %.1f | %s | %d | %s | %.0f / %.0f / %.3f | %.0f / %.0f / %.3f | %s / %s → %s / %s | %s / %s → %s / %s | %.1f / %.1f / %.1f | %.0f |",
-		r.name(), r.lines, r.writes, r.peak, r.tooMany, r.etcdGrowth/(1<<20), landed, r.events, ledger,
+	return fmt.Sprintf("| %s | %d | %.0f | %s | %.0f | %.0f | %.1f | %s | %d | %s | %.0f / %.0f / %.3f | %.0f / %.0f / %.3f | %s / %s → %s / %s | %s / %s → %s / %s | %.1f / %.1f / %.1f | %.0f |",
+		r.name(), r.lines, r.writes, bound, r.peak, r.tooMany, r.etcdGrowth/(1<<20), landed, r.events, ledger,
 		ours.dispatched, ours.rejected, ours.p99Wait, high.dispatched, high.rejected, high.p99Wait,
 		ms(r.idle.patch50), ms(r.idle.patch99), ms(r.during.patch50), ms(r.during.patch99),
 		ms(r.idle.list50), ms(r.idle.list99), ms(r.during.list50), ms(r.during.list99),
 		r.cpuAPI.Seconds(), r.cpuEtcd.Seconds(), r.cpuBench.Seconds(), r.took.Seconds())
 }
 
-func fleetReport(f *fleet, rows []fleetRow) string {
+func fleetReport(f *benchFleet, rows []fleetRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nFleet of %d replicas, %d + %d error lines each within %s; outage %s; GOMAXPROCS %d, %d CPUs.\n\n",
-		len(f.pods), *fleetSame, *fleetNames, *fleetSpread, *fleetOutage, runtime.GOMAXPROCS(0), runtime.NumCPU())
-	b.WriteString("| scenario | lines | event writes | peak/s | 429 | etcd +MiB | all landed after | events | ledger | " +
+	fmt.Fprintf(&b, "\nFleet of %d replicas (N = %d: replicas + maxSurge), %d + %d error lines each within %s; "+
+		"outage %s; settle at most %s; GOMAXPROCS %d, %d CPUs.\n\n",
+		len(f.pods), f.want, *fleetSame, *fleetNames, *fleetSpread, *fleetOutage, *fleetSettle,
+		runtime.GOMAXPROCS(0), runtime.NumCPU())
+	b.WriteString("| scenario | lines | event writes | fleet bound | peak/s | 429 | etcd +MiB | all landed after | events | ledger | " +
 		"k8s-event: dispatched / rejected / p99 wait s | workload-high: dispatched / rejected / p99 wait s | " +
 		"bystander patch p50 / p99 ms, idle → during | bystander list p50 / p99 ms, idle → during | " +
 		"CPU s: apiserver / etcd / fleet | run s |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---|---|---:|\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---|---|---:|\n")
 	for _, r := range rows {
 		b.WriteString(r.markdown() + "\n")
 	}
