@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -164,11 +166,11 @@ func (f *benchFleet) scenario(b *testing.B, name string, level bool, options str
 	row.apf = apfLevels(before.metrics, after.metrics)
 	row.cpuAPI, row.cpuEtcd, row.cpuBench = after.cpuAPI-before.cpuAPI, after.cpuEtcd-before.cpuEtcd,
 		after.cpuBench-before.cpuBench
-	var carried int64
-	row.events, carried = f.landed(b)
-	dropped := int64(after.dropped - before.dropped)
-	pending := int64(testutil.ToFloat64(pendingLines))
-	row.ledgerOK = carried+dropped+pending == row.lines
+	var carried, dropped, pending int64
+	var still bool
+	row.events, carried, dropped, pending, still = f.account(b)
+	dropped -= int64(before.dropped)
+	row.ledgerOK = !still && carried+dropped+pending == row.lines
 	row.pending = pending
 	if cfg.fleetQPS > 0 {
 		// README: BURST + N + (QPS + N / 3600) x T over any T, here the time between the readings.
@@ -176,9 +178,46 @@ func (f *benchFleet) scenario(b *testing.B, name string, level bool, options str
 		row.bound = float64(cfg.fleetBurst) + n + (cfg.fleetQPS+n/3600)*after.at.Sub(before.at).Seconds()
 	}
 	row.ledger = fmt.Sprintf("%d lines = %d in counts + %d dropped + %d pending", row.lines, carried, dropped, pending)
+	if still {
+		row.ledger += ", never without requests in flight"
+	}
 	rs.stop()
 	row.took = time.Since(start)
 	return row
+}
+
+// account lists the scenario's events and reads the replicas' dropped and pending lines at a
+// moment when no request is in flight, and none starts or ends meanwhile: a write in flight has
+// its lines both in the API's counts (once applied) and pending (until its answer). still tells
+// that no such moment came within a minute; the last reading is returned.
+func (f *benchFleet) account(b *testing.B) (events int, carried, dropped, pending int64, still bool) {
+	for deadline := time.Now().Add(time.Minute); ; {
+		idle := testutil.ToFloat64(requestsInFlight) == 0
+		done, pend := requestsDone(), testutil.ToFloat64(pendingLines)
+		events, carried = f.landed(b)
+		dropped, pending = 0, int64(testutil.ToFloat64(pendingLines))
+		for r := range numDropReasons {
+			dropped += int64(testutil.ToFloat64(droppedTotal[r]))
+		}
+		quiet := idle && testutil.ToFloat64(requestsInFlight) == 0 && requestsDone() == done &&
+			float64(pending) == pend
+		if quiet || time.Now().After(deadline) {
+			return events, carried, dropped, pending, !quiet
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// requestsDone is the count of requests the replicas made that were answered or timed out.
+func requestsDone() uint64 {
+	var n uint64
+	for _, v := range []string{"create", "patch", "list", "get"} {
+		var m dto.Metric
+		if requestSeconds.WithLabelValues(v).(prometheus.Histogram).Write(&m) == nil {
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	return n
 }
 
 // apfLevels gives, per priority level, what APF dispatched and rejected between two readings.
