@@ -44,6 +44,7 @@ type fleetRow struct {
 	landed            time.Duration
 	landedOK          bool
 	pending           int64   // lines still pending at the end
+	surplus           int64   // lines both in a count and pending: writes applied but unanswered
 	bound             float64 // the fleet's bound over the measured time; 0 without fleet
 	ledger            string
 	ledgerOK          bool
@@ -170,7 +171,11 @@ func (f *benchFleet) scenario(b *testing.B, name string, level bool, options str
 	var still bool
 	row.events, carried, dropped, pending, still = f.account(b)
 	dropped -= int64(before.dropped)
-	row.ledgerOK = !still && carried+dropped+pending == row.lines
+	// No line lost: each is in a count, dropped or pending. A write that the replica gave up on
+	// (its 10 s time-out) while the API server still applied it has its lines in the count and
+	// pending until the next write of the event; past an overload, more may be than were logged.
+	row.ledgerOK = !still && carried+dropped+pending >= row.lines
+	row.surplus = carried + dropped + pending - row.lines
 	row.pending = pending
 	if cfg.fleetQPS > 0 {
 		// README: BURST + N + (QPS + N / 3600) x T over any T, here the time between the readings.
@@ -356,18 +361,29 @@ type peakSampler struct {
 func newPeakSampler(b *testing.B, kube *cluster.Cluster) *peakSampler {
 	p := &peakSampler{done: make(chan struct{}), peak: make(chan float64, 1)}
 	go func() {
-		var best, last float64
-		var lastAt time.Time
+		// A reading is dated halfway through its scrape, and a rate is taken over at least a
+		// second, from the latest reading a second or more before: scrapes that an overloaded
+		// API server answers late, close together, would otherwise divide by a sliver of time.
+		type reading struct {
+			at time.Time
+			n  float64
+		}
+		var best float64
+		var readings []reading
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
 		for {
+			t0 := time.Now()
 			text, err := kube.MetricsText(context.Background())
 			if err == nil {
-				n := writeCount(filterProm(text, "apiserver_request_total{"), "")
-				if !lastAt.IsZero() {
-					best = max(best, (n-last)/time.Since(lastAt).Seconds())
+				now := reading{t0.Add(time.Since(t0) / 2), writeCount(filterProm(text, "apiserver_request_total{"), "")}
+				for i := len(readings) - 1; i >= 0; i-- {
+					if d := now.at.Sub(readings[i].at); d >= time.Second {
+						best = max(best, (now.n-readings[i].n)/d.Seconds())
+						break
+					}
 				}
-				last, lastAt = n, time.Now()
+				readings = append(readings, now)
 			}
 			select {
 			case <-p.done:
@@ -571,8 +587,11 @@ func (r fleetRow) markdown() string {
 		}
 	}
 	ledger := "ok"
-	if !r.ledgerOK {
+	switch {
+	case !r.ledgerOK:
 		ledger = "FAIL: " + r.ledger
+	case r.surplus > 0:
+		ledger = fmt.Sprintf("none lost; %d also pending", r.surplus)
 	}
 	ours, high := r.apf["k8s-event"], r.apf["workload-high"]
 	return fmt.Sprintf("| %s | %d | %.0f | %s | %.0f | %.0f | %.1f | %s | %d | %s | %.0f / %.0f / %.3f | %.0f / %.0f / %.3f | %s / %s → %s / %s | %s / %s → %s / %s | %.1f / %.1f / %.1f | %.0f |",
