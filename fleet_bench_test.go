@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -56,7 +57,7 @@ func BenchmarkFleet(b *testing.B) {
 		b.Skip("one run is the measurement: -benchtime 1x")
 	}
 	log.SetOutput(io.Discard) // the plugin's own lines about failed writes, a thousand at a time
-	f := newFleet(b)
+	f := newBenchFleet(b)
 	var rows []fleetRow
 	for _, options := range strings.Split(*fleetOptions, "|") {
 		for _, level := range fleetLevels(b) {
@@ -78,11 +79,14 @@ func BenchmarkFleet(b *testing.B) {
 		if !r.ledgerOK {
 			b.Errorf("%s: the ledger does not balance: %s", r.name(), r.ledger)
 		}
+		if r.bound > 0 && r.writes > r.bound {
+			b.Errorf("%s: %.0f event writes, past the fleet's bound of %.0f", r.name(), r.writes, r.bound)
+		}
 	}
 }
 
 var (
-	fleetReplicas = flag.Int("fleet.replicas", 1000, "CoreDNS replicas (pipelines), each with its pod and client")
+	benchReplicas = flag.Int("fleet.replicas", 1000, "CoreDNS replicas (pipelines), each with its pod and client")
 	fleetOptions  = flag.String("fleet.options", "",
 		"k8s_event options, one set per variant, '|' between sets and ';' between the lines of one, e.g. '|fleet 10 50'")
 	fleetLevel  = flag.String("fleet.level", "both", "the priority level of deploy/k8s_event/flowcontrol: with, without or both")
@@ -108,8 +112,8 @@ func fleetLevels(b *testing.B) []bool {
 	return nil
 }
 
-// fleetConfig parses options as the lines of a k8s_event block.
-func fleetConfig(b *testing.B, options string) config {
+// benchConfig parses options as the lines of a k8s_event block.
+func benchConfig(b *testing.B, options string) config {
 	corefile := "k8s_event {\n" + strings.ReplaceAll(options, ";", "\n") + "\n}"
 	cfg, err := parse(caddy.NewTestController("dns", corefile))
 	if err != nil {
@@ -118,8 +122,8 @@ func fleetConfig(b *testing.B, options string) config {
 	return cfg
 }
 
-// fleet is the cluster, the pods and the clients of the replicas.
-type fleet struct {
+// benchFleet is the cluster, the pods and the clients of the replicas.
+type benchFleet struct {
 	kube    *cluster.Cluster
 	pods    []*corev1.Pod
 	clients []kubernetes.Interface
@@ -128,14 +132,15 @@ type fleet struct {
 	server  string
 	by      *bystander
 	levels  map[string]types.UID // priority level UIDs by name
+	want    int                  // N: the Deployment's replicas plus its maxSurge
 	started time.Time
 }
 
 const fleetNS = "kube-system"
 
-func newFleet(b *testing.B) *fleet {
+func newBenchFleet(b *testing.B) *benchFleet {
 	ctx := b.Context()
-	f := &fleet{outage: &outage{}, levels: map[string]types.UID{}, started: time.Now()}
+	f := &benchFleet{outage: &outage{}, levels: map[string]types.UID{}, started: time.Now()}
 	f.kube = cluster.NewForTest(b, cluster.Options{StartTimeout: 3 * time.Minute})
 	f.kube.RESTConfig.QPS, f.kube.RESTConfig.Burst = 1000, 2000
 	admin, err := kubernetes.NewForConfig(f.kube.RESTConfig)
@@ -178,12 +183,14 @@ func newFleet(b *testing.B) *fleet {
 		f.levels[pl.Name] = pl.UID
 	}
 	f.by = startBystander(b, f.kube)
+	fmt.Fprintf(os.Stderr, "%s %d pods and clients ready in %s\n", time.Now().UTC().Format(time.TimeOnly),
+		len(f.pods), time.Since(f.started).Round(time.Second))
 	return f
 }
 
 // grant gives kube-system/coredns what k8s_event needs (deploy/k8s_event/component/rbac.yaml),
 // CoreDNS's reads, and the reads of its workload that the fleet option may make.
-func (f *fleet) grant(b *testing.B) {
+func (f *benchFleet) grant(b *testing.B) {
 	ctx := b.Context()
 	rbac := f.kube.Clientset.RbacV1()
 	sa := []rbacv1.Subject{{Kind: "ServiceAccount", Name: "coredns", Namespace: fleetNS}}
@@ -225,10 +232,10 @@ func (f *fleet) grant(b *testing.B) {
 
 // workload makes the Deployment coredns of fleet.replicas replicas, its ReplicaSet and its pods,
 // as objects only: nothing runs them.
-func (f *fleet) workload(b *testing.B) {
+func (f *benchFleet) workload(b *testing.B) {
 	ctx := b.Context()
 	cs := f.kube.Clientset
-	n := int32(*fleetReplicas)
+	n := int32(*benchReplicas)
 	labels := map[string]string{"k8s-app": "kube-dns"}
 	spec := corev1.PodSpec{
 		ServiceAccountName:           "coredns",
@@ -251,6 +258,11 @@ func (f *fleet) workload(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	surge := 0
+	if u := d.Spec.Strategy.RollingUpdate; u != nil && u.MaxSurge != nil { // defaulted: 25%
+		surge, _ = intstr.GetScaledValueFromIntOrPercent(u.MaxSurge, int(n), true)
+	}
+	f.want = int(n) + surge
 	rs, err := cs.AppsV1().ReplicaSets(fleetNS).Create(ctx, &appsv1.ReplicaSet{
 		ObjectMeta: metav1.ObjectMeta{Name: "coredns-fleet", Labels: labels, OwnerReferences: []metav1.OwnerReference{{
 			APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID, Controller: ptr.To(true)}}},
@@ -334,7 +346,7 @@ func (o *outage) set(down bool) {
 // replicas are the pipelines of one scenario.
 type replicas []*pipeline
 
-func (f *fleet) start(cfg config) replicas {
+func (f *benchFleet) start(cfg config) replicas {
 	rs := make(replicas, len(f.pods))
 	for i, pod := range f.pods {
 		id := podIdentity{
@@ -395,7 +407,7 @@ func (rs replicas) stop() {
 
 // setLevel applies or deletes the priority level and its FlowSchema, and waits until an event
 // write as kube-system/coredns is dispatched in the level it should be.
-func (f *fleet) setLevel(b *testing.B, on bool) {
+func (f *benchFleet) setLevel(b *testing.B, on bool) {
 	ctx := b.Context()
 	fc := f.kube.Clientset.FlowcontrolV1()
 	pl, fs, err := deploy.FlowControl(fleetNS, "coredns")
@@ -444,17 +456,25 @@ func (f *fleet) setLevel(b *testing.B, on bool) {
 	}
 }
 
-// clearEvents deletes every event of the namespace, so that a scenario counts only its own.
-func (f *fleet) clearEvents(b *testing.B) {
-	err := f.kube.Clientset.CoreV1().Events(fleetNS).DeleteCollection(b.Context(), metav1.DeleteOptions{},
-		metav1.ListOptions{})
-	if err != nil {
-		b.Fatal(err)
+// clearEvents deletes every event of the namespace, so that a scenario counts only its own. Tens
+// of thousands of events take longer than one request may: it deletes again until none is left.
+func (f *benchFleet) clearEvents(b *testing.B) {
+	events := f.kube.Clientset.CoreV1().Events(fleetNS)
+	for deadline := time.Now().Add(10 * time.Minute); ; {
+		err := events.DeleteCollection(b.Context(), metav1.DeleteOptions{}, metav1.ListOptions{})
+		list, lerr := events.List(b.Context(), metav1.ListOptions{Limit: 1})
+		if err == nil && lerr == nil && len(list.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the events of %s are still there after 10 minutes: %v, %v", fleetNS, err, lerr)
+		}
+		time.Sleep(time.Second)
 	}
 }
 
 // landed sums the counts of the scenario's events in the API: the lines they carry.
-func (f *fleet) landed(b *testing.B) (events int, lines int64) {
+func (f *benchFleet) landed(b *testing.B) (events int, lines int64) {
 	opts := metav1.ListOptions{Limit: 5000}
 	for {
 		list, err := f.kube.Clientset.CoreV1().Events(fleetNS).List(b.Context(), opts)
