@@ -80,7 +80,8 @@ func TestFleetSharesItsBoundAmongTheWorkloadsPods(t *testing.T) {
 	before := readLedger()
 	start := clk.Now()
 	distinct(h, levelError, 40, start)
-	h.advance(time.Second) // the herd's window is 10 / 20 s
+	h.advance(0) // the first read waits its part of the herd's window, 30 s while N is not read
+	h.advance(h.s.fleet.herdAt.Sub(clk.Now()) + 100*time.Millisecond)
 	if got := strings.Join(reads(api), ", "); got != "list pods/, get replicasets/coredns-5d78c9869d, get deployments/coredns" {
 		t.Errorf("reads %q, want the pod, its ReplicaSet, the Deployment", got)
 	}
@@ -212,8 +213,8 @@ func TestFleetOnlyTightensRate(t *testing.T) {
 // TestHerdSpreadsTheFirstWrites: the first writes of replicas that start together, and after an
 // outage, spread over the window N / herdRate.
 func TestHerdSpreadsTheFirstWrites(t *testing.T) {
-	const replicas = 40 // a window of 2 s
-	window := time.Duration(replicas / herdRate * float64(time.Second))
+	const replicas = 40 // a window of 2 s once N is read, 30 s before
+	window := herdMaxWindow
 	clk := newSteppedClock()
 	api := newFakeAPI(t, clk)
 	hs := make([]*harness, replicas)
@@ -256,6 +257,7 @@ func TestHerdSpreadsTheFirstWrites(t *testing.T) {
 		h.observe(ln(levelError, "errors", "upstream down", start[i]))
 	}
 	spread("at start", start)
+	window = time.Duration(replicas / herdRate * float64(time.Second))
 
 	down := true
 	apiDown(api, &down)

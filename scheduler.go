@@ -274,8 +274,8 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			fleetRead = s.fleetReadable(due, now)
 			write = !fleetRead
 		}
-		if write && !s.stopping {
-			if w := s.fleet.herdWait(now, s.rand); w > 0 { // the herd spread
+		if !s.stopping { // the herd spread: reads of the pod and the workload too
+			if w := s.fleet.herdWait(now, s.rand); w > 0 {
 				soon(now.Add(w))
 				break
 			}
