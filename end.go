@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -95,6 +96,9 @@ func endOf(e *entry, now time.Time) *entry {
 		about = lineShape(strings.TrimPrefix(e.message, e.key.plugin))
 		top, shapes = e.hitters.names(true), len(e.hitters.shapes)
 		e.hitters.newStorm()
+	}
+	if top == "" && e.key.member != "" { // a member's event names it, else its end is its shape's
+		top = fmt.Sprintf("%s ≥%d", e.key.member, e.seen-e.storm)
 	}
 	from := e.first
 	if e.flow != nil && e.flow.ends != nil {

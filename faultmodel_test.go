@@ -75,9 +75,9 @@ func TestFaultModel(t *testing.T) {
 	for _, k := range kinds {
 		fmt.Fprintf(&b, " %s=%d", k, stats.injected[k])
 	}
-	t.Logf("%d seeds in %v: %d steps, %d lines, %d fatal lines, %d reloads, %d expiries, %d stops, %d storm ends; %d requests reached the API, %d refused before; %d handed out in order, %d first lines written within their bound; faults:%s",
+	t.Logf("%d seeds in %v: %d steps, %d lines, %d fatal lines, %d reloads, %d expiries, %d stops, %d storm ends; %d requests reached the API, %d refused before; %d handed out in order, %d first lines written within their bound, %d lines of hosts found promoted; faults:%s",
 		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.fatals, stats.reloads, stats.expiries, stats.stops,
-		stats.ends, stats.requests, stats.refused, stats.ordered, stats.firsts, b.String())
+		stats.ends, stats.requests, stats.refused, stats.ordered, stats.firsts, hostsPromoted, b.String())
 }
 
 // apiMode is how the API behaves during a step.
@@ -112,6 +112,7 @@ type model struct {
 	quiet    time.Duration     // of every configuration of the run; 0: off
 	endNames map[string]string // the name of the end event of each end message seen
 
+	hosts    *hosts         // the stepped model's failing hosts (faultpromote_test.go)
 	order    *tokenOrder    // the stepped model's reference of the token order
 	watch    *pipelineOrder // the concurrent model's
 	firsts   []*firstLine   // lines of plugins that had nothing pending, until checked
@@ -214,6 +215,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
 	m.h.got = m.held.told
 	m.watchOrder()
+	m.hosts = newHosts(seed)
 	m.back = m.clk.Now().Add(-recoveryBound) // no outage before
 	// A quarter of the answers come back late, up to a second, and so out
 	// of the order of their requests, after later dispatches.
@@ -341,6 +343,9 @@ func (m *model) step() error {
 		m.line()
 		m.h.take()
 		m.noteFirst()
+	}
+	if err := m.hostLines(); err != nil {
+		return err
 	}
 	switch r := m.rng.IntN(40); {
 	case r < 3:

@@ -1,6 +1,8 @@
 package k8s_event
 
 import (
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -142,13 +144,60 @@ func init() {
 	}
 }
 
+// pluginAgeKey is a reason and a plugin of coredns_k8s_event_unwritten_plugin_age_seconds.
+type pluginAgeKey struct {
+	reason level
+	plugin string
+}
+
+// pluginAges holds, by pluginAgeKey, an *atomic.Int64: the unix nanoseconds of the first line of
+// the plugin's oldest event of that reason never written, 0 when none waits. Plugins are few:
+// those of the Corefile.
+var pluginAges sync.Map
+
+// pluginAge is the since of plugin (as lines name it: "plugin/NAME: ") and reason l.
+func pluginAge(l level, plugin string) *atomic.Int64 {
+	k := pluginAgeKey{l, plugin}
+	if v, ok := pluginAges.Load(k); ok {
+		return v.(*atomic.Int64)
+	}
+	v, _ := pluginAges.LoadOrStore(k, new(atomic.Int64))
+	return v.(*atomic.Int64)
+}
+
+// pluginAgeCollector shows pluginAges, as ages at the time of the scrape.
+type pluginAgeCollector struct{ desc *prometheus.Desc }
+
+func (c pluginAgeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c pluginAgeCollector) Collect(ch chan<- prometheus.Metric) {
+	pluginAges.Range(func(k, v any) bool {
+		key := k.(pluginAgeKey)
+		age := ageOf(v.(*atomic.Int64).Load())
+		name := strings.TrimSuffix(strings.TrimPrefix(key.plugin, "plugin/"), ": ")
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, age,
+			key.reason.reason(), name)
+		return true
+	})
+}
+
+func init() {
+	prometheus.MustRegister(pluginAgeCollector{prometheus.NewDesc(
+		prometheus.BuildFQName(plugin.Namespace, subsystem, "unwritten_plugin_age_seconds"),
+		"Age of the first line of the oldest event never written, by reason and plugin; 0 "+
+			"when none of the plugin waits.", []string{"reason", "plugin"}, nil)})
+}
+
 // delay is what the scheduler shows of its delays for one reason.
 type delay struct{ since, bound atomic.Int64 } // unix nanoseconds (0: none), nanoseconds
 
 var delays [numLevels]delay
 
-func (d *delay) age() float64 {
-	if since := d.since.Load(); since != 0 {
+func (d *delay) age() float64 { return ageOf(d.since.Load()) }
+
+// ageOf is the age of since, unix nanoseconds; 0 for 0.
+func ageOf(since int64) float64 {
+	if since != 0 {
 		return time.Since(time.Unix(0, since)).Seconds()
 	}
 	return 0

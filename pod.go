@@ -76,6 +76,17 @@ func (id *podIdentity) readDue(now time.Time, stopping bool) (wait time.Duration
 	return max(id.nextTry.Sub(now), id.asked.Sub(now), 0), true
 }
 
+// readsLeft is how many reads a create may still wait for: a list refused is made again as a get.
+func (id *podIdentity) readsLeft() int {
+	switch {
+	case !id.lookup:
+		return 0
+	case id.verb == verbListPod:
+		return 2
+	}
+	return 1
+}
+
 func (id *podIdentity) read(reqID uint64) request {
 	id.reading = reqID
 	return request{id: reqID, verb: id.verb, namespace: id.ref.Namespace, name: id.ref.Name}

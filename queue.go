@@ -4,28 +4,33 @@ import (
 	"container/heap"
 	"container/list"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
-// The order in which a bucket's entries take its tokens, new information first: entries settling
-// (evicted, their latest write unanswered; in the flush, events whose patch found them gone too);
-// then the plugins, least recently served first, so that each plugin waiting puts at most one event
-// before one served after it; within a plugin, its shapes the same way, so that one shape of many
-// events does not hold back a new one; within a shape, new events (a re-create among them) and
-// updates of written ones take turns, new first; each in the order it began to wait. Entries
-// waiting for a time (backoff, Retry-After, quiet) are in the timers. Every choice is a heap
-// operation. Owned by the scheduler's goroutine.
+// The order in which a bucket's entries take its tokens, new information first: in the flush,
+// events whose patch found them gone; then the plugins, least recently served first, so that each
+// plugin waiting puts at most one event before one served after it; within a plugin, its entries
+// settling (evicted, their latest write unanswered) first, then its shapes the same way, so that
+// one shape of many events does not hold back a new one; within a shape, new events (a re-create
+// among them) and updates of written ones take turns, new first; the new events by member (the
+// name a line is about), least recently served first, so that a client's many events of a shape
+// do not hold back a host's; each in the order it began to wait. With the bucket's requests in
+// flight at their cap, the first plugin with none out goes. Entries waiting for a time (backoff,
+// Retry-After, quiet) are in the timers. Every choice is a heap operation. Owned by the
+// scheduler's goroutine.
 
 // slot is where an entry waits: one heap at a time, or none.
 type slot struct {
 	in       *entryHeap
 	index    int
-	owner    *turnQueue    // of in, when in is a shape's
+	owner    *turnQueue    // of in, when in is a plugin's, a shape's or a member's
 	served   uint64        // the turn it was last served
 	stamp    uint64        // when it began to wait for a write that lands: oldest first
 	at       time.Time     // in the timers: when to look at it again
 	recreate bool          // its patch found the event gone
 	never    *list.Element // in its bucket's unwritten, while it waits and was never written
+	ownNever *list.Element // in its plugin's
 }
 
 // entryHeap is a heap of entries that know their place in it.
@@ -56,28 +61,70 @@ func (h *entryHeap) Pop() any {
 func byStamp(a, b *entry) bool { return a.slot.stamp < b.slot.stamp }
 func byTime(a, b *entry) bool  { return a.slot.at.Before(b.slot.at) }
 
-// turnQueue is what one plugin, or one shape of a plugin, has waiting in
-// one bucket: a plugin's shapes take turns, and a shape's entries.
+// The depths of a turnQueue.
+const (
+	depthPlugin = iota
+	depthShape
+	depthMember
+)
+
+// turnQueue is what one plugin, one shape of a plugin, or one member of a shape has waiting in one
+// bucket: a plugin's shapes take turns, and a shape's members with new events.
 type turnQueue struct {
-	fresh, updates entryHeap // of a shape
-	updateNext     bool
-	shapes         map[uint64]*turnQueue // of a plugin: those waiting
-	turns          turns                 // of a plugin: its shapes waiting
-	plugin         *turnQueue            // of a shape
-	shape          uint64                // of a shape: its key in its plugin's shapes
-	served, since  uint64                // the turn it was last served; the stamp it began to wait
-	index          int                   // in the turns; -1 when nothing of it waits
+	depth      int
+	settling   entryHeap // of a plugin
+	updates    entryHeap // of a shape
+	fresh      entryHeap // of a member: its new events
+	updateNext bool      // of a shape
+	shapes     map[uint64]*turnQueue
+	members    map[string]*turnQueue
+	turns      turns         // of a plugin, its shapes waiting; of a shape, its members
+	parent     *turnQueue    // of a shape or a member
+	shape      uint64        // of a shape: its key in its plugin's shapes
+	member     string        // of a member: its key in its shape's members
+	served     uint64        // the turn it was last served
+	since      uint64        // the stamp it began to wait
+	index      int           // in the turns; -1 when nothing of it waits
+	unwritten  list.List     // of a plugin: its entries never written that wait, oldest first
+	age        *atomic.Int64 // of a plugin: its metric (metrics.go), once shown
+	name       string        // of a plugin
+	changed    bool          // of a plugin: its oldest never written may have changed
 }
 
-// next is the heap whose oldest entry the shape sends next.
-func (p *turnQueue) next() *entryHeap {
-	if p.updates.Len() > 0 && (p.updateNext || p.fresh.Len() == 0) {
-		return &p.updates
+func newTurnQueue(depth int, parent *turnQueue, served uint64) *turnQueue {
+	t := &turnQueue{depth: depth, parent: parent, served: served, index: -1}
+	switch depth {
+	case depthPlugin:
+		t.settling.less = byStamp
+		t.shapes = map[uint64]*turnQueue{}
+	case depthShape:
+		t.updates.less = byStamp
+		t.members = map[string]*turnQueue{}
+	default:
+		t.fresh.less = byStamp
 	}
-	return &p.fresh
+	return t
 }
 
-// turns is a heap of plugins or shapes, least recently served first.
+// empty tells that nothing of t waits.
+func (t *turnQueue) empty() bool {
+	return t.settling.Len()+t.updates.Len()+t.fresh.Len()+len(t.turns) == 0
+}
+
+// head is the entry t sends next.
+func (t *turnQueue) head() *entry {
+	switch {
+	case t.settling.Len() > 0:
+		return t.settling.es[0]
+	case t.depth == depthMember:
+		return t.fresh.es[0]
+	case t.depth == depthShape && t.updates.Len() > 0 && (t.updateNext || len(t.turns) == 0):
+		return t.updates.es[0]
+	}
+	return t.turns[0].head()
+}
+
+// turns is a heap of plugins, shapes or members, least recently served first.
 type turns []*turnQueue
 
 func (t turns) Len() int { return len(t) }
@@ -96,97 +143,179 @@ func (t *turns) Pop() any {
 
 // tokenQueue is the order of one bucket's entries.
 type tokenQueue struct {
-	settling  entryHeap
+	first     entryHeap // in the flush, the re-creates
 	plugins   map[string]*turnQueue
 	turns     turns
 	turn      uint64
 	unwritten list.List      // of the entries never written that wait, oldest first
+	changed   []*turnQueue   // plugins whose oldest never written may have changed
 	flying    map[string]int // requests in flight, by plugin
 }
 
 func newTokenQueue() *tokenQueue {
-	return &tokenQueue{settling: entryHeap{less: byStamp}, plugins: map[string]*turnQueue{},
+	return &tokenQueue{first: entryHeap{less: byStamp}, plugins: map[string]*turnQueue{},
 		flying: map[string]int{}}
 }
 
-// head is the entry that takes the bucket's next token; nil when none waits.
-func (q *tokenQueue) head() *entry {
-	if q.settling.Len() > 0 {
-		return q.settling.es[0]
+// head is the entry that takes the bucket's next token; nil when none waits. With capped, the
+// bucket's requests in flight are at their cap: the first plugin with none out goes, the others
+// wait for an answer. Plugins are few: those of the Corefile.
+func (q *tokenQueue) head(capped bool) *entry {
+	if q.first.Len() > 0 && (!capped || q.flying[q.first.es[0].key.plugin] == 0) {
+		return q.first.es[0]
 	}
-	if len(q.turns) == 0 {
+	if !capped {
+		if len(q.turns) == 0 {
+			return nil
+		}
+		return q.turns[0].head()
+	}
+	var best *turnQueue
+	for _, p := range q.turns {
+		if q.flying[p.head().key.plugin] == 0 && (best == nil || turns{p, best}.Less(0, 1)) {
+			best = p
+		}
+	}
+	if best == nil {
 		return nil
 	}
-	return q.turns[0].turns[0].next().es[0]
+	return best.head()
 }
 
-// push queues e, settling or not, behind those that began to wait before it.
-// A shape that waits again takes the place of its entry served last.
-func (q *tokenQueue) push(e *entry, settling bool) {
-	if settling {
-		heap.Push(&q.settling, e)
+// plugin is the queue of a plugin, made if need be; it stays, as plugins are few.
+func (q *tokenQueue) plugin(name string) *turnQueue {
+	p := q.plugins[name]
+	if p == nil {
+		p = newTurnQueue(depthPlugin, nil, 0)
+		p.name = name
+		q.plugins[name] = p
+	}
+	return p
+}
+
+// neverWritten lists e among the entries never written that wait, its bucket's and its plugin's.
+func (q *tokenQueue) neverWritten(e *entry) {
+	p := q.plugin(e.key.plugin)
+	e.slot.never = q.unwritten.PushBack(e)
+	e.slot.ownNever = p.unwritten.PushBack(e)
+	q.change(p)
+}
+
+// written takes e out of the entries never written.
+func (q *tokenQueue) written(e *entry) {
+	if e.slot.never == nil {
 		return
 	}
 	p := q.plugins[e.key.plugin]
-	if p == nil {
-		p = &turnQueue{shapes: map[uint64]*turnQueue{}, index: -1}
-		q.plugins[e.key.plugin] = p
+	q.unwritten.Remove(e.slot.never)
+	p.unwritten.Remove(e.slot.ownNever)
+	e.slot.never, e.slot.ownNever = nil, nil
+	q.change(p)
+}
+
+// change notes that p's oldest entry never written may have changed.
+func (q *tokenQueue) change(p *turnQueue) {
+	if !p.changed {
+		p.changed = true
+		q.changed = append(q.changed, p)
 	}
-	k := e.key.shape
-	if !e.key.combined() {
+}
+
+// pushFirst queues e before the plugins' turns, behind those that began to wait before it.
+func (q *tokenQueue) pushFirst(e *entry) { heap.Push(&q.first, e) }
+
+// push queues e, settling or not, behind those that began to wait before it.
+// A shape or a member that waits again takes the place of its entry served last.
+func (q *tokenQueue) push(e *entry, settling bool) {
+	p := q.plugin(e.key.plugin)
+	if settling {
+		q.into(&p.settling, p, e)
+		return
+	}
+	k, m := e.key.shape, e.key.member
+	switch {
+	case e.group != nil: // the cache knows its shape and member
+		k, m = e.group.key.shape, e.group.key.member
+	case !e.key.combined():
 		k = shapeHash(strings.TrimPrefix(e.key.message, e.key.plugin))
 	}
 	sh := p.shapes[k]
 	if sh == nil {
-		sh = &turnQueue{fresh: entryHeap{less: byStamp}, updates: entryHeap{less: byStamp},
-			plugin: p, shape: k, served: e.slot.served, index: -1}
+		sh = newTurnQueue(depthShape, p, e.slot.served)
+		sh.shape = k
 		p.shapes[k] = sh
 	}
-	h := &sh.updates
-	if e.carried == 0 || e.slot.recreate {
-		h = &sh.fresh
+	if e.carried != 0 && !e.slot.recreate {
+		q.into(&sh.updates, sh, e)
+		return
 	}
+	mq := sh.members[m]
+	if mq == nil {
+		mq = newTurnQueue(depthMember, sh, e.slot.served)
+		mq.member = m
+		sh.members[m] = mq
+	}
+	q.into(&mq.fresh, mq, e)
+}
+
+// into pushes e in h, of t, and t and those above it in their turns if they were not.
+func (q *tokenQueue) into(h *entryHeap, t *turnQueue, e *entry) {
 	heap.Push(h, e)
-	e.slot.owner = sh
-	if sh.index < 0 {
-		sh.since = e.slot.stamp
-		heap.Push(&p.turns, sh)
-	}
-	if p.index < 0 {
-		p.since = e.slot.stamp
-		heap.Push(&q.turns, p)
+	e.slot.owner = t
+	for ; t != nil && t.index < 0; t = t.parent {
+		t.since = e.slot.stamp
+		if t.parent == nil {
+			heap.Push(&q.turns, t)
+		} else {
+			heap.Push(&t.parent.turns, t)
+		}
 	}
 }
 
 func (q *tokenQueue) remove(e *entry) {
-	sh := e.slot.owner
+	t := e.slot.owner
 	heap.Remove(e.slot.in, e.slot.index)
-	if sh == nil || sh.fresh.Len()+sh.updates.Len() > 0 {
-		return
-	}
-	p := sh.plugin
-	heap.Remove(&p.turns, sh.index)
-	delete(p.shapes, sh.shape)
-	if len(p.turns) == 0 {
-		heap.Remove(&q.turns, p.index) // it stays in plugins, which are few, with its turn
+	for ; t != nil && t.empty() && t.index >= 0; t = t.parent {
+		switch t.depth {
+		case depthPlugin: // it stays in plugins, which are few, with its turn
+			heap.Remove(&q.turns, t.index)
+		case depthShape:
+			heap.Remove(&t.parent.turns, t.index)
+			delete(t.parent.shapes, t.shape)
+		default:
+			heap.Remove(&t.parent.turns, t.index)
+			delete(t.parent.members, t.member)
+		}
 	}
 }
 
-// served takes e, which got a token, out of the queue: its shape's turn comes again after every
-// other shape of its plugin waiting, and its plugin's after every other plugin waiting.
+// served takes e, which got a token, out of the queue: its member's turn comes again after every
+// other member of its shape waiting, its shape's after every other shape of its plugin waiting,
+// and its plugin's after every other plugin waiting.
 func (q *tokenQueue) served(e *entry) {
-	sh := e.slot.owner
-	if sh != nil {
+	t := e.slot.owner
+	if t != nil {
 		q.turn++
-		sh.served, sh.plugin.served, e.slot.served = q.turn, q.turn, q.turn
-		sh.updateNext = e.slot.in == &sh.fresh
+		e.slot.served = q.turn
+		if t.depth == depthShape {
+			t.updateNext = false
+		} else if t.depth == depthMember {
+			t.parent.updateNext = true
+		}
+		for u := t; u != nil; u = u.parent {
+			u.served = q.turn
+		}
 	}
 	q.remove(e)
-	if sh != nil && sh.index >= 0 {
-		heap.Fix(&sh.plugin.turns, sh.index)
-	}
-	if sh != nil && sh.plugin.index >= 0 {
-		heap.Fix(&q.turns, sh.plugin.index)
+	for u := t; u != nil; u = u.parent {
+		if u.index < 0 {
+			continue
+		}
+		if u.parent == nil {
+			heap.Fix(&q.turns, u.index)
+		} else {
+			heap.Fix(&u.parent.turns, u.index)
+		}
 	}
 	e.slot.recreate = false
 }

@@ -83,7 +83,7 @@ func (o *tokenOrder) reloaded() {
 func (o *tokenOrder) dispatch(s *scheduler, now time.Time) ([]request, time.Time, error) {
 	inFlush := map[*entry]bool{} // in the flush, a re-create waits with the entries settling
 	for e := range o.gone {
-		if s.stopping && (e.slot.in == &s.queues[bucketOf(e)].settling || e.slot.in == &s.timers) {
+		if s.stopping && (e.slot.in == &s.queues[bucketOf(e)].first || e.slot.in == &s.timers) {
 			inFlush[e] = true
 		}
 	}
@@ -103,17 +103,15 @@ func (o *tokenOrder) dispatched(s *scheduler, reqs []request, inFlush map[*entry
 			waiting[f.bucket] = append(waiting[f.bucket], f.e)
 		}
 	}
-	settling := func(e *entry) bool {
-		_, ok := s.settling[e]
-		return ok || inFlush[e]
-	}
+	view := &orderView{gone: o.gone, inFlush: inFlush, s: s}
 	for _, r := range reqs {
 		f := s.flights[r.id]
 		if f.e == nil || f.read {
 			continue
 		}
 		w := waiting[f.bucket]
-		if err := o.buckets[f.bucket].served(f.e, w, settling, o.gone); err != nil {
+		view.bucket = f.bucket
+		if err := o.buckets[f.bucket].served(f.e, w, view); err != nil {
 			return fmt.Errorf("%s bucket, turn %d: %w", bucketName(f.bucket), o.buckets[f.bucket].turn, err)
 		}
 		delete(o.gone, f.e)
@@ -127,6 +125,31 @@ func (o *tokenOrder) dispatched(s *scheduler, reqs []request, inFlush map[*entry
 	return nil
 }
 
+// orderView is what the reference reads of the scheduler at a dispatch.
+type orderView struct {
+	gone, inFlush map[*entry]bool
+	s             *scheduler
+	bucket        level
+}
+
+func (v *orderView) first(e *entry) bool { return v.inFlush[e] }
+
+func (v *orderView) settling(e *entry) bool {
+	_, ok := v.s.settling[e]
+	return ok && !v.inFlush[e]
+}
+
+// out tells that e's plugin has a request of its bucket in flight: with the
+// bucket's requests at their cap, it waits for an answer, and may be passed.
+func (v *orderView) out(e *entry) bool {
+	for _, f := range v.s.flights {
+		if f.bucket == v.bucket && f.e != nil && f.e != e && f.e.key.plugin == e.key.plugin {
+			return true
+		}
+	}
+	return false
+}
+
 // turnShape is the shape of an entry's line, or a combined event's shape.
 func turnShape(e *entry) shapeID {
 	if e.key.combined() {
@@ -135,22 +158,42 @@ func turnShape(e *entry) shapeID {
 	return shapeID{e.key.plugin, shapeHash(strings.TrimPrefix(e.key.message, e.key.plugin))}
 }
 
+// turnMember is the member of an entry's new events: the name its line is about.
+func turnMember(e *entry) string {
+	if e.group != nil {
+		return e.group.key.member
+	}
+	return e.key.member
+}
+
 // served checks that e may take the token while the entries w wait, e
-// among them, and records it.
-func (b *orderBucket) served(e *entry, w []*entry, settling func(*entry) bool, gone map[*entry]bool) error {
-	fresh := func(x *entry) bool { return x.carried == 0 || gone[x] }
-	if settling(e) {
+// among them, and records it. In the flush, the re-creates (first) go
+// before any other; an entry settling goes first within its plugin.
+func (b *orderBucket) served(e *entry, w []*entry, o *orderView) error {
+	fresh := func(x *entry) bool { return x.carried == 0 || o.gone[x] }
+	if o.first(e) {
 		for _, x := range w {
-			if settling(x) && x.slot.stamp < e.slot.stamp {
-				return fmt.Errorf("settling %q went before settling %q, which waited longer", e.message, x.message)
+			if o.first(x) && x.slot.stamp < e.slot.stamp {
+				return fmt.Errorf("re-create %q went before re-create %q, which waited longer", e.message, x.message)
 			}
 		}
 		return nil
 	}
 	for _, x := range w {
-		if settling(x) {
-			return fmt.Errorf("%q went before %q, which is settling", e.message, x.message)
+		if o.first(x) && !o.out(x) {
+			return fmt.Errorf("%q went before %q, a re-create in the flush", e.message, x.message)
 		}
+		if x.key.plugin == e.key.plugin && o.settling(x) && (!o.settling(e) || x.slot.stamp < e.slot.stamp) {
+			return fmt.Errorf("%q went before %q, settling, of its plugin", e.message, x.message)
+		}
+		if x.key.plugin != e.key.plugin && b.plugins[x.key.plugin] < b.plugins[e.key.plugin] && !o.out(x) {
+			return fmt.Errorf("plugin %q (served at turn %d) went before plugin %q (turn %d), which waits", e.key.plugin, b.plugins[e.key.plugin], x.key.plugin, b.plugins[x.key.plugin])
+		}
+	}
+	if o.settling(e) {
+		b.turn++
+		b.plugins[e.key.plugin] = b.turn
+		return nil
 	}
 	p, sh := e.key.plugin, turnShape(e)
 	st := b.shapes[sh]
@@ -160,7 +203,7 @@ func (b *orderBucket) served(e *entry, w []*entry, settling func(*entry) bool, g
 	}
 	unbroken := false // the shape has waited without a break since its latest serve
 	for _, x := range w {
-		if n, ok := st.left[x]; ok && x.seen == n && !settling(x) {
+		if n, ok := st.left[x]; ok && x.seen == n && !o.settling(x) {
 			unbroken = true
 		}
 	}
@@ -169,14 +212,12 @@ func (b *orderBucket) served(e *entry, w []*entry, settling func(*entry) bool, g
 		xs := turnShape(x)
 		switch {
 		case x.key.plugin != p:
-			if b.plugins[x.key.plugin] < b.plugins[p] {
-				return fmt.Errorf("plugin %q (served at turn %d) went before plugin %q (turn %d), which waits", p, b.plugins[p], x.key.plugin, b.plugins[x.key.plugin])
-			}
 		case xs != sh:
 			if other := b.shapes[xs]; unbroken && (other == nil || other.turn < st.turn) {
 				return fmt.Errorf("a shape of %q served at turn %d went again before another of its shapes, which waits (%q)", p, st.turn, x.message)
 			}
-		case fresh(x) == fresh(e) && x.slot.stamp < e.slot.stamp:
+		case fresh(x) == fresh(e) && x.slot.stamp < e.slot.stamp &&
+			(!fresh(e) || turnMember(x) == turnMember(e)):
 			return fmt.Errorf("%q went before %q of its shape and kind, which began to wait first", e.message, x.message)
 		case fresh(x):
 			news++

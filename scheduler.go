@@ -3,6 +3,7 @@ package k8s_event
 import (
 	"cmp"
 	"container/heap"
+	"container/list"
 	"errors"
 	"maps"
 	"math"
@@ -195,6 +196,11 @@ func (s *scheduler) stop(now time.Time, timeout time.Duration) {
 		e.retryAt = time.Time{}
 		s.place(e)
 	}
+	for _, e := range append(s.corr.cache.values(), slices.Collect(maps.Keys(s.settling))...) {
+		if e.slot.recreate && e.slot.in != nil && e.slot.in != &s.timers {
+			s.place(e) // a re-create found gone before the flush goes first in it too
+		}
+	}
 }
 
 // expire says the flush's time is up: nothing more is sent.
@@ -254,8 +260,8 @@ func (s *scheduler) dispatch(now time.Time) (reqs []request, wake time.Time) {
 func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time.Time)) []request {
 	q, bk := s.queues[b], s.buckets[b]
 	for {
-		e := q.head()
-		if e == nil || bk.inFlight() >= maxInFlight && q.flying[e.key.plugin] > 0 {
+		e := q.head(bk.inFlight() >= maxInFlight)
+		if e == nil {
 			break // else a result comes, and asks again
 		}
 		if w := s.push.wait(now); w > 0 { // the API server asked the replica to wait
@@ -352,26 +358,51 @@ func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
 }
 
 // showDelays shows, by reason, the oldest event never written, and the bound
-// of a new line: a refill for each plugin waiting, the write, the pod's read.
+// of a new line: a refill for each plugin waiting, the write, and a refill and a write's time
+// for each read of the pod left.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
-		var since int64
-		if f := s.queues[l].unwritten.Front(); f != nil {
-			// The wall time now less the time that passed: a step of the wall clock is no wait.
-			since = s.now.UnixNano() - int64(s.now.Sub(f.Value.(*entry).first))
-		}
+		since := s.showPlugins(l)
 		qps := s.set.qps
 		if s.fleet.on() { // the share refills slower, and the herd's window comes first
 			qps = min(qps, s.fleet.buckets[l].qps)
 		}
-		refills := min(float64(max(len(s.queues[l].turns), 1))/qps, 365*24*3600)
-		bound := time.Duration(refills*1e9) + writeTimeout + s.fleet.window()
-		if s.pod.lookup {
-			bound += writeTimeout
-		}
+		// each read of the pod left takes a token and its time: a list, then a get
+		reads := float64(s.pod.readsLeft())
+		turns := float64(max(len(s.queues[l].turns), 1)) + reads
+		refills := min(turns/qps, 365*24*3600)
+		bound := time.Duration(refills*1e9) + writeTimeout*time.Duration(1+reads)
+		bound += s.fleet.window()
 		delays[l].since.Store(since)
 		delays[l].bound.Store(int64(bound))
 	}
+}
+
+// showPlugins shows, by plugin, the oldest event of reason l never written, for the plugins
+// whose oldest changed, and returns the oldest of all: the unix nanoseconds of the wall time now
+// less the time that passed since its first line (a step of the wall clock is no wait); 0 when
+// none waits.
+func (s *scheduler) showPlugins(l level) int64 {
+	q := s.queues[l]
+	for _, p := range q.changed {
+		if p.age == nil {
+			p.age = pluginAge(l, p.name)
+		}
+		p.age.Store(s.since(p.unwritten.Front()))
+		p.changed = false
+	}
+	clear(q.changed)
+	q.changed = q.changed[:0]
+	return s.since(q.unwritten.Front())
+}
+
+// since is when the event of f, an element of a list of entries never written, began to wait on
+// the wall clock now; 0 for nil.
+func (s *scheduler) since(f *list.Element) int64 {
+	if f == nil {
+		return 0
+	}
+	return s.now.UnixNano() - int64(s.now.Sub(f.Value.(*entry).first))
 }
 
 // place puts e where it waits now: in its bucket's queue, in the timers,
@@ -394,13 +425,24 @@ func (s *scheduler) place(e *entry) {
 		if e.slot.stamp == 0 {
 			e.slot.stamp = s.nextID() // increasing, as stamps must be
 			if e.carried == 0 && e.end == nil {
-				e.slot.never = s.queues[e.key.level].unwritten.PushBack(e)
+				s.queues[e.key.level].neverWritten(e)
 			}
 		}
-		_, settling := s.settling[e] // in the flush, a re-create goes first too
-		s.queues[bucketOf(e)].push(e, settling || s.stopping && e.slot.recreate)
-		s.deferred(e, bucketOf(e))
+		s.queue(e)
 	}
+}
+
+// queue puts e, due now, in its bucket's queue: in the flush, a re-create goes first, before
+// the events seen after it; an entry settling first within its plugin.
+func (s *scheduler) queue(e *entry) {
+	q := s.queues[bucketOf(e)]
+	if s.stopping && e.slot.recreate {
+		q.pushFirst(e)
+	} else {
+		_, settling := s.settling[e]
+		q.push(e, settling)
+	}
+	s.deferred(e, bucketOf(e))
 }
 
 // watch waits for the quiet of e's storm, and ends it once it is up.
@@ -694,8 +736,5 @@ func (s *scheduler) drop(e *entry, reason dropReason) {
 
 // forget takes e out of its bucket's list of the entries never written.
 func (s *scheduler) forget(e *entry) {
-	if e.slot.never != nil {
-		s.queues[e.key.level].unwritten.Remove(e.slot.never)
-		e.slot.never = nil
-	}
+	s.queues[e.key.level].written(e)
 }

@@ -35,9 +35,14 @@ const usage = `Usage: kubectl coredns-k8s-event install|uninstall|status|version
   install     run the CoreDNS Deployment with k8s_event: its image, the
               downward-API variables, its Corefile with kubeapi and k8s_event
               (a ConfigMap of its own, named by its content), and a Role and
-              RoleBinding for its ServiceAccount to create and patch events
+              RoleBinding for its ServiceAccount to create and patch events;
+              a priority level of their own for its event writes at the API
+              server (--flowcontrol=false: none); for many replicas, the
+              fleet option and the Role that lets it count them (--fleet=false:
+              none)
   uninstall   give back the image, variables and Corefile reference it had,
-              remove the Role and RoleBinding
+              remove the Roles, RoleBindings, FlowSchema and priority level
+              install made
   status      say whether k8s_event is installed, and what keeps it from
               working
   version     print the version of this program
@@ -134,6 +139,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.Wait, "timeout", 5*time.Minute, "how long to wait for the rollout before putting back what was changed (0: do not wait)")
 	fs.DurationVar(&o.Settle, "settle", 20*time.Second, "how long the new pods must stay Ready without a restart before the rollout counts as done (the Deployment's minReadySeconds when longer)")
 	fs.BoolVar(&o.Force, "force", false, "go on where another owner keeps CoreDNS (helm, Argo CD, Flux, k3s, a server-side applier; not a refused layout), where the Corefile's ConfigMap has keys another controller rewrites, where --timeout 0 could take Ready pods below their count, or where --image runs another CoreDNS release")
+	flowControl, fleet := true, true
+	fs.BoolVar(&flowControl, "flowcontrol", true, "install: give CoreDNS's event writes a priority level of their own at the API server (a FlowSchema and a PriorityLevelConfiguration, cluster-scoped; needs flowcontrol.apiserver.k8s.io/v1); --flowcontrol=false leaves them out")
+	fs.BoolVar(&fleet, "fleet", true, fmt.Sprintf("install: for a DaemonSet or a Deployment of more than %d replicas, add 'fleet %s %d' to the k8s_event block (a Corefile's own fleet line is kept) and let the ServiceAccount get its workload; --fleet=false leaves it out", install.FleetThreshold, install.FleetQPS, install.FleetBurst))
 	var output string
 	fs.StringVar(&output, "o", "", "output format: json (default: text)")
 	fs.StringVar(&output, "output", "", "output format: json (default: text)")
@@ -170,6 +178,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErr(fmt.Errorf("-o %q: want json", output))
 	}
 	o.Options = options
+	o.NoFlowControl, o.NoFleet = !flowControl, !fleet
 	o.Out = stdout
 	switch cmd {
 	case "install", "status":

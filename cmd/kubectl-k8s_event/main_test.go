@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -100,5 +101,33 @@ func TestVersion(t *testing.T) {
 	err := run(context.Background(), []string{"version", "extra"}, &out, &stderr)
 	if code := exitCode(err, &stderr); code != exitUsage {
 		t.Errorf("version extra: exit %d (%v), want %d", code, err, exitUsage)
+	}
+}
+
+// --flowcontrol and --fleet are booleans that install takes: false turns
+// the priority level or the fleet line off; anything but a boolean is a
+// usage error.
+func TestFlowControlAndFleetFlags(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none")
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"install", "--image", "x", "--flowcontrol=false", "--fleet=false", "--kubeconfig", missing}, exitFailed},
+		{[]string{"install", "--image", "x", "--flowcontrol", "--kubeconfig", missing}, exitFailed},
+		{[]string{"install", "--flowcontrol=maybe"}, exitUsage},
+		{[]string{"install", "--fleet=often"}, exitUsage},
+	} {
+		var out, stderr bytes.Buffer
+		if code := exitCode(run(context.Background(), tc.args, &out, &stderr), &stderr); code != tc.want {
+			t.Errorf("%q: exit %d, want %d\n%s", tc.args, code, tc.want, stderr.String())
+		}
+	}
+	var stderr bytes.Buffer
+	_ = run(context.Background(), []string{"install", "--help"}, io.Discard, &stderr)
+	for _, want := range []string{"-flowcontrol", "--flowcontrol=false", "-fleet", "fleet 0.1 100", "more than 4 replicas"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("usage does not say %q", want)
+		}
 	}
 }

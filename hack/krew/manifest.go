@@ -26,7 +26,8 @@ spec:
   caveats: |
     install needs an image of CoreDNS with k8s_event, on the CoreDNS release
     the cluster runs: see https://github.com/dnsops/k8s_event/blob/main/docs/install.md.
-    The person who runs it needs the Role in deploy/kubectl-k8s-event/role.yaml.
+    The person who runs it needs the Role in deploy/kubectl-k8s-event/role.yaml,
+    and its ClusterRole for the priority level (not with --flowcontrol=false).
   platforms:
 {{- range .Platforms}}
   - selector:

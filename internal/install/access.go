@@ -24,6 +24,7 @@ import (
 // right is one verb on one kind of object, as an access review asks it.
 type right struct {
 	verb, group, resource, name string
+	cluster                     bool // a cluster-scoped resource
 }
 
 func (x right) String() string {
@@ -70,8 +71,12 @@ func (a *access) allowed(ctx context.Context, x right) (bool, error) {
 	if v, ok := a.answer[x]; ok {
 		return v, nil
 	}
+	ns := a.ns
+	if x.cluster {
+		ns = ""
+	}
 	rev := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: a.ns, Verb: x.verb, Group: x.group, Resource: x.resource, Name: x.name},
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: x.verb, Group: x.group, Resource: x.resource, Name: x.name},
 	}}
 	got, err := a.c.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, rev, metav1.CreateOptions{})
 	if err != nil {
@@ -117,10 +122,10 @@ func reviewAccess(ctx context.Context, c kubernetes.Interface, ns string, list [
 			if len(alt) == 0 {
 				continue
 			}
-			out = append(out, fmt.Sprintf("%s needs %s, or %s: not granted in namespace %s", n.why, rightsString(miss), rightsString(alt), ns))
+			out = append(out, fmt.Sprintf("%s needs %s, or %s: not granted %s", n.why, rightsString(miss), rightsString(alt), grantedWhere(miss, ns)))
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s needs %s: not granted in namespace %s", n.why, rightsString(miss), ns))
+		out = append(out, fmt.Sprintf("%s needs %s: not granted %s", n.why, rightsString(miss), grantedWhere(miss, ns)))
 	}
 	return out, nil
 }
@@ -259,10 +264,24 @@ func (r *run) uninstallRights(ctx context.Context, c kubernetes.Interface, befor
 		watchRollout(name),
 		needs("deleting the Corefile ConfigMaps no revision reads", right{verb: "list", group: "apps", resource: "replicasets"}, right{verb: "list", resource: "configmaps"}, right{verb: "delete", resource: "configmaps"}),
 		needs("deleting the Role and RoleBinding the install made (or taking the ServiceAccount out of a RoleBinding others bound subjects with)", rb("delete", "rolebindings"), rb("update", "rolebindings"), rb("delete", "roles")),
+		fleetNeeds(name),
 	}
+	list = append(list, r.flowControlNeeds(ctx, c, ns, name)...)
 	writes := []dryWrite{{deploy, func(ctx context.Context) error {
 		_, err := c.AppsV1().Deployments(ns).Patch(ctx, name, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager, DryRun: dryAll})
 		return err
 	}}}
 	return r.rightToFinish(ctx, c, ns, list, writes)
+}
+
+// grantedWhere says where the rights of list are asked: in namespace ns,
+// or cluster-wide for cluster-scoped resources, which only a ClusterRole
+// bound by a ClusterRoleBinding grants.
+func grantedWhere(list []right, ns string) string {
+	for _, x := range list {
+		if !x.cluster {
+			return "in namespace " + ns
+		}
+	}
+	return "cluster-wide (a ClusterRole and a ClusterRoleBinding grant them)"
 }

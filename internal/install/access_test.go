@@ -26,6 +26,7 @@ import (
 // (the object is there, or not) and kept nowhere.
 func newClient(objs ...runtime.Object) *fake.Clientset {
 	c := fake.NewClientset(objs...)
+	serveFlowControl(c)
 	c.PrependReactor("*", "*", dryRunReactor(c))
 	c.PrependReactor("create", "selfsubjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		rev := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SelfSubjectAccessReview).DeepCopy()

@@ -23,7 +23,7 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 	}
 	r.printf("deployment %s/%s: image %s -> %s (CoreDNS %s -> %s)\n", ns, d.Name, r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
 	r.printf("configmap keys the pods read:\n%s", indent(strings.Join(r.res.Keys, "\n")))
-	r.printf("rollout: %s\n", r.res.Rollout)
+	r.printf("rollout: %s\n%s", r.res.Rollout, r.extrasText())
 	if p.genThere {
 		r.change(Change{Action: "keep", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "there already"}, "configmap "+ns+"/"+gen.Name+" is there")
 	} else {

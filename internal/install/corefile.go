@@ -58,7 +58,11 @@ func (cf *corefileText) withPlugins(options []string, m *mountedFiles) (*corefil
 	if err != nil || len(s) == 0 {
 		return cf, err
 	}
-	return parseCorefile(applySplices(cf.src, s), m)
+	out, err := parseCorefile(applySplices(cf.src, s), m)
+	if out != nil {
+		out.everyBlock = cf.everyBlock
+	}
+	return out, err
 }
 
 // splices are the edits that add kubeapi and k8s_event to the Corefile
@@ -117,8 +121,8 @@ func (c *corefileText) externalPlugins() []string {
 	return out
 }
 
-// targets are the server blocks that get the plugins: those with the
-// kubernetes plugin, or the first.
+// targets are the server blocks that get the plugins: every one with
+// everyBlock, else those with the kubernetes plugin, or the first.
 func (c *corefileText) targets() []*serverBlock {
 	var with, all []*serverBlock
 	for i := range c.blocks {
@@ -130,6 +134,9 @@ func (c *corefileText) targets() []*serverBlock {
 		if len(b.parsed.Tokens["kubernetes"]) > 0 {
 			with = append(with, b)
 		}
+	}
+	if c.everyBlock {
+		return all
 	}
 	if len(with) > 0 || len(all) == 0 {
 		return with

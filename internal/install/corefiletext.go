@@ -27,6 +27,9 @@ type corefileText struct {
 	// newline is the file's line ending; unit the step by which its
 	// blocks indent.
 	newline, unit string
+	// everyBlock, that the edit adds the plugins to every server block
+	// (the layout's everyBlock).
+	everyBlock bool
 }
 
 // serverBlock is a server block or a snippet; open and close are the

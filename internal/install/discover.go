@@ -25,6 +25,8 @@ type target struct {
 	// mounted (subPath).
 	conf, mountDir string
 	rec            *record // nil when k8s_event is not installed
+	// layout is the workload's layout, once the plan has told it.
+	layout *layout
 }
 
 // findDeployment returns the CoreDNS Deployment that o names.
@@ -116,7 +118,7 @@ func daemonSets(ctx context.Context, c kubernetes.Interface, ns, name string) []
 func daemonSetError(ns string, ds []appsv1.DaemonSet) error {
 	var names []string
 	for _, d := range ds {
-		if l := layoutOf(subject{kind: kindDaemonSet, meta: &d.ObjectMeta}); l.refused != "" {
+		if l := layoutOf(subject{kind: kindDaemonSet, meta: &d.ObjectMeta, program: programOf(&d.Spec.Template.Spec)}); l.refused != "" {
 			return &RefusedError{[]string{fmt.Sprintf("daemonset %s/%s: %s", d.Namespace, d.Name, l.refused)}}
 		}
 		names = append(names, d.Namespace+"/"+d.Name)
@@ -147,7 +149,7 @@ func inspect(d *appsv1.Deployment, o *Options) (*target, error) {
 		t.container = 0
 	}
 	c := spec.Containers[t.container]
-	conf := confPath(append(slices.Clone(c.Command), c.Args...))
+	conf := corefilePath(append(slices.Clone(c.Command), c.Args...))
 	if conf == "" {
 		return nil, fmt.Errorf("deployment %s/%s: container %s has no -conf argument: cannot tell where its Corefile comes from", d.Namespace, d.Name, c.Name)
 	}

@@ -87,6 +87,12 @@ type Options struct {
 	// could take the Ready pods below their count, and where Image is
 	// on another CoreDNS release than the one the Deployment runs.
 	Force bool
+	// NoFlowControl leaves out the priority level of the event writes
+	// (flowcontrol.go), which install makes by default.
+	NoFlowControl bool
+	// NoFleet leaves out the fleet line install adds for a DaemonSet or a
+	// Deployment of many replicas (fleet.go).
+	NoFleet bool
 }
 
 func (o *Options) namespace() string {

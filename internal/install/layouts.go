@@ -33,17 +33,28 @@ type layout struct {
 	refused string
 	// warning is what an install on the layout should know.
 	warning string
+	// everyBlock, that every server block of the Corefile gets kubeapi
+	// and k8s_event, not only those with the kubernetes plugin.
+	everyBlock bool
+	// image, when set, says why an image cannot run the layout ("" when
+	// it may); --force goes past it.
+	image func(image string) string
+	// settleEvent, that the new pods' DNS address cannot be asked (the
+	// node's own): settled is Ready without a restart for the settle
+	// time, and k8s_event's events on the new pods are looked for.
+	settleEvent bool
 }
 
 // marker is what tells a layout: a label or annotation (key, or key
 // prefix ending in "/"; value, or any when empty), a field manager, an
-// owner (API group/kind of an owner reference), or text of the Corefile.
+// owner (API group/kind of an owner reference), the program the pods run
+// (nodeCacheProgram), or text of the Corefile.
 // A label marker with objects holds when the workload or the Corefile's
 // ConfigMap carries it.
 type marker struct {
-	label, annotation, manager, owner, corefile string
-	value                                       string
-	objects                                     bool
+	label, annotation, manager, owner, program, corefile string
+	value                                                string
+	objects                                              bool
 }
 
 // subject is what a layout is told from: the workload that runs CoreDNS
@@ -54,6 +65,8 @@ type subject struct {
 	corefile string
 	// configMap are the labels of the Corefile's ConfigMap.
 	configMap map[string]string
+	// program is what the pods run, as programOf tells it.
+	program string
 }
 
 // Kinds of the workloads that run CoreDNS.
@@ -100,9 +113,29 @@ var layouts = []layout{{
 	all:      []marker{{label: "k8s-app", value: "kube-dns"}, {label: "kubernetes.io/name", value: "coredns"}, {label: reconcileLabel, value: "Reconcile"}},
 	warning:  "kubespray applies its CoreDNS Deployment again on its next run of cluster.yml or upgrade-cluster.yml, which puts back its image and ConfigMap: run install again after it",
 }, {
+	name:        "kubespray node-local-dns",
+	kind:        kindDaemonSet,
+	all:         []marker{{program: nodeCacheProgram}, {label: "k8s-app", value: "kube-dns"}},
+	everyBlock:  true,
+	image:       notNodeCache,
+	settleEvent: true,
+	warning:     "kubespray applies its nodelocaldns DaemonSet and ConfigMap again on its next run of cluster.yml or upgrade-cluster.yml, which puts back their image and Corefile: run install again after it",
+}, {
+	name:    "node-local-dns, addon manager (GKE, kube-up)",
+	kind:    kindDaemonSet,
+	all:     []marker{{program: nodeCacheProgram}, {label: reconcileLabel, value: "Reconcile", objects: true}},
+	refused: "node-local-dns is an addon in Reconcile mode (label addonmanager.kubernetes.io/mode: Reconcile): the addon manager puts back its DaemonSet and ConfigMap within a minute, edits included; on GKE, NodeLocal DNSCache is GKE's add-on, turned on and off with gcloud container clusters update CLUSTER --update-addons=NodeLocalDNS=ENABLED|DISABLED, with no third-party plugins in it: turn it off (NodeLocalDNS=DISABLED) and run your own node-local-dns (upstream's cluster/addons/dns/nodelocaldns manifest without that label) on a node-cache build with k8s_event; on kube-up, change the addon's manifest under /etc/kubernetes/addons on the control plane (or set the label to EnsureExists on each object first, which the addon manager then only creates when missing)",
+}, {
 	name:    "addon manager (kube-up, GKE)",
 	all:     []marker{{label: reconcileLabel, value: "Reconcile", objects: true}},
 	refused: "CoreDNS is an addon in Reconcile mode (label addonmanager.kubernetes.io/mode: Reconcile): the addon manager puts back its manifest within a minute, edits included; on kube-up, change the addon's manifest under /etc/kubernetes/addons on the control plane (or set the label to EnsureExists on each object first, which the addon manager then only creates when missing); on GKE, whose control plane is not yours, turn the add-on off (NodeLocal DNSCache: gcloud container clusters update CLUSTER --update-addons=NodeLocalDNS=DISABLED) and run your own",
+}, {
+	name:        "node-local-dns",
+	kind:        kindDaemonSet,
+	all:         []marker{{program: nodeCacheProgram}},
+	everyBlock:  true,
+	image:       notNodeCache,
+	settleEvent: true,
 }, {
 	name:     "EKS, self-managed",
 	selector: "k8s-app=kube-dns",
@@ -160,6 +193,8 @@ func (m marker) holds(s subject) bool {
 		return hasKey(d.Annotations, m.annotation, m.value)
 	case m.manager != "":
 		return slices.ContainsFunc(d.ManagedFields, func(f metav1.ManagedFieldsEntry) bool { return f.Manager == m.manager })
+	case m.program != "":
+		return s.program == m.program
 	case m.owner != "":
 		group, kind := path.Split(m.owner)
 		return slices.ContainsFunc(d.OwnerReferences, func(r metav1.OwnerReference) bool {

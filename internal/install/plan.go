@@ -117,9 +117,11 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", src.Namespace, src.Name, t.key, err)
 	}
+	cf.everyBlock = l.everyBlock
 	if err := otherInstall(t, src, cf); err != nil {
 		return nil, err
 	}
+	r.planFleet(kindDeployment, int(ptrOr(t.dep.Spec.Replicas, 1)), cf)
 	refuse = append(refuse, r.extraKeyRefusals(src, orig)...)
 	p := &installPlan{d: t.dep, t: t}
 	if p.gen, err = r.planConfigMap(t, orig, src, cf, m); err != nil {
@@ -177,10 +179,14 @@ func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, ori
 // layout tells the Deployment's layout, and refuses the layouts the tool
 // leaves alone.
 func (r *run) layout(t *target, src *corev1.ConfigMap) (*layout, error) {
-	l := layoutOf(subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, corefile: src.Data[t.key], configMap: src.Labels})
+	l := layoutOf(subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, corefile: src.Data[t.key], configMap: src.Labels, program: programOf(&t.dep.Spec.Template.Spec)})
 	r.res.Layout = l.name
+	t.layout = l
 	if l.refused != "" {
 		return nil, &RefusedError{[]string{fmt.Sprintf("deployment %s/%s: %s", t.dep.Namespace, t.dep.Name, l.refused)}}
+	}
+	if err := r.imageRefusal(l); err != nil {
+		return nil, err
 	}
 	if l.warning != "" {
 		r.warn(l.warning)
@@ -211,7 +217,7 @@ func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
 // kubeapi and k8s_event in the Corefile, named by its content.
 func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap, cf *corefileText, m *mountedFiles) (*corev1.ConfigMap, error) {
 	d, ns := t.dep, t.dep.Namespace
-	out, err := cf.withPlugins(r.o.Options, m)
+	out, err := cf.withPlugins(r.options(), m)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
 	}
@@ -374,6 +380,9 @@ func (r *run) planWrites(ctx context.Context, c kubernetes.Interface, p *install
 	role, binding := rbacFor(d, sa)
 	var err error
 	if p.rbac, err = planRBAC(ctx, c, role, binding, d.Name); err != nil {
+		return err
+	}
+	if p.rbac, err = r.planExtras(ctx, c, p.rbac, ns, d.Name, kindDeployment, sa); err != nil {
 		return err
 	}
 	if p.patch, err = deploymentPatch(d, want); err != nil {

@@ -25,6 +25,10 @@ type Result struct {
 	Keys []string `json:"keys,omitempty"`
 	// Rollout says what the rollout does to availability.
 	Rollout string `json:"rollout,omitempty"`
+	// FlowControl says the priority level of the event writes at the API
+	// server; Fleet, the fleet line of the Corefile and why.
+	FlowControl string `json:"flowControl,omitempty"`
+	Fleet       string `json:"fleet,omitempty"`
 	// Changes are the writes, in order.
 	Changes []Change `json:"changes"`
 	// Warnings are what --force went on despite.

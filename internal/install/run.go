@@ -22,6 +22,8 @@ type run struct {
 	// done are the writes made, kept in the report when a conflict
 	// starts the run over.
 	done []Change
+	// fleet is what the install does about the fleet option.
+	fleet fleetPlan
 }
 
 // restart begins the report again for another attempt after a conflict:

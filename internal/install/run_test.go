@@ -123,7 +123,8 @@ func TestInstallReportListsTheWritesThatStayedAndTheDeletesThatUndidThem(t *test
 	for _, ch := range res.Changes {
 		got = append(got, ch.Action+" "+ch.Kind)
 	}
-	want := []string{"create configmap", "create role", "create rolebinding", "delete rolebinding", "delete role", "delete configmap"}
+	want := []string{"create configmap", "create role", "create rolebinding", "create prioritylevelconfiguration", "create flowschema",
+		"delete flowschema", "delete prioritylevelconfiguration", "delete rolebinding", "delete role", "delete configmap"}
 	if !slices.Equal(got, want) {
 		t.Errorf("changes %v, want %v", got, want)
 	}

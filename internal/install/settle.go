@@ -42,7 +42,9 @@ type podWatch struct {
 
 // settle waits until the pods of the template d runs have all been Ready,
 // without a restart, for the settle time, as this process's clock
-// measures it, and then asks each, on its own address, a DNS question.
+// measures it, and then asks each, on its own address, a DNS question
+// (where the layout's pods answer on the node's address, which the
+// installer cannot ask, it looks for k8s_event's events on them instead).
 // A pod that restarts, stops being Ready or goes within that time, or
 // that does not answer where it can be asked, fails the rollout. It
 // returns what it could not check, for the report.
@@ -90,6 +92,9 @@ func settle(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t
 			return "", fmt.Errorf("the pods of the new template were not all Ready for %v without a restart", settleTime)
 		}
 		return "", err
+	}
+	if t.settlesOnEvent() {
+		return pluginEvents(ctx, c, pods), nil
 	}
 	return askPods(ctx, pods, t)
 }

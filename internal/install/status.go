@@ -46,10 +46,18 @@ type StatusReport struct {
 	// Role and RoleBinding are present, absent, or "not this tool's".
 	Role        string `json:"role"`
 	RoleBinding string `json:"roleBinding"`
-	Replicas    int32  `json:"replicas"`
-	Ready       int32  `json:"ready"`
-	Available   int32  `json:"available"`
-	RolledOut   bool   `json:"rolledOut"`
+	// FlowSchema and PriorityLevel say the priority level of the event
+	// writes: the FlowSchema of ServiceAccount and the level it names,
+	// each absent, present, or present and not this tool's.
+	FlowSchema    string `json:"flowSchema"`
+	PriorityLevel string `json:"priorityLevel"`
+	// Fleet is the fleet line of the Corefile the pods read, and the
+	// fleet's Role, or off.
+	Fleet     string `json:"fleet"`
+	Replicas  int32  `json:"replicas"`
+	Ready     int32  `json:"ready"`
+	Available int32  `json:"available"`
+	RolledOut bool   `json:"rolledOut"`
 	// Running is how many Ready pods run the installed template.
 	Running int32 `json:"running"`
 	// Problems are what keeps k8s_event from working as installed, each
@@ -97,6 +105,10 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 	if err := s.checkRBAC(ctx, c, d); err != nil {
 		return nil, err
 	}
+	if err := s.checkFlowControl(ctx, c, d.Namespace, d.Name); err != nil {
+		return nil, err
+	}
+	s.checkFleet(ctx, c, d.Namespace, d.Name, t)
 	s.checkRollout(ctx, c, d)
 	if o.Out != nil {
 		if o.JSON {
@@ -148,7 +160,7 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 	case err != nil:
 		return err
 	}
-	sub := subject{kind: kindDeployment, meta: &t.dep.ObjectMeta}
+	sub := subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, program: programOf(&t.dep.Spec.Template.Spec)}
 	if read != nil {
 		sub.corefile, sub.configMap = read.Data[t.key], read.Labels
 	}
@@ -275,6 +287,8 @@ func (s *StatusReport) print(o *Options) {
 		p("  before the install: image %s (CoreDNS %s), configmap %s\n", s.BeforeImage, s.BeforeCoreDNS, s.BeforeConfigMap)
 	}
 	p("  serviceaccount %s; role %s; rolebinding %s\n", s.ServiceAccount, s.Role, s.RoleBinding)
+	p("  priority level: %s; %s\n", s.FlowSchema, s.PriorityLevel)
+	p("  fleet: %s\n", s.Fleet)
 	rolled := "rolling out"
 	if s.RolledOut {
 		rolled = "rolled out"

@@ -68,7 +68,10 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	} else if err := r.finishCutOff(ctx, c, d); err != nil {
 		return err
 	}
-	return r.rbacRemoval(ctx, c, d, "")
+	if err := r.rbacRemoval(ctx, c, d, ""); err != nil {
+		return err
+	}
+	return r.extrasRemoval(ctx, c, d.Namespace, d.Name, "")
 }
 
 // finishCutOff finishes, where nothing rolls, what a run cut off after its
@@ -258,7 +261,10 @@ func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interfa
 	for _, cm := range unused {
 		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of deployment " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
 	}
-	return r.rbacRemoval(ctx, c, d, when)
+	if err := r.rbacRemoval(ctx, c, d, when); err != nil {
+		return err
+	}
+	return r.extrasRemoval(ctx, c, ns, name, when)
 }
 
 // uninstalled checks that the Deployment rolling out is the one uninstall

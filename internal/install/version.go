@@ -7,9 +7,9 @@ import (
 )
 
 // release is the CoreDNS release that ref runs, as its tag names it, or
-// "unknown".
+// "unknown". A node-cache image's tag is node-cache's release.
 func release(ref string) string {
-	if v, ok := imageref.CoreDNSVersion(ref); ok {
+	if v, ok := imageref.CoreDNSVersion(ref); ok && !isNodeCacheImage(ref) {
 		return v.String()
 	}
 	return "unknown"
@@ -17,6 +17,9 @@ func release(ref string) string {
 
 // releaseOf says which CoreDNS release ref runs, for a message.
 func releaseOf(ref string) string {
+	if isNodeCacheImage(ref) {
+		return "node-cache image " + ref + ", whose tag is node-cache's release, not CoreDNS's"
+	}
 	if v, ok := imageref.CoreDNSVersion(ref); ok {
 		return "CoreDNS " + v.String() + " (image " + ref + ")"
 	}
@@ -25,6 +28,9 @@ func releaseOf(ref string) string {
 
 // buildHint says how to build k8s_event on the release ref runs.
 func buildHint(ref string) string {
+	if isNodeCacheImage(ref) {
+		return "docs/install.md, node-local-dns, builds node-cache with k8s_event"
+	}
 	if v, ok := imageref.CoreDNSVersion(ref); ok {
 		return fmt.Sprintf("make image COREDNS_VERSION=%s builds it, and prints its reference", v)
 	}
@@ -41,6 +47,10 @@ func (r *run) checkRelease(t *target, running string) ([]string, error) {
 		return nil, fmt.Errorf("%w: deployment %s/%s runs %s; name the image of k8s_event on that release (%s)", ErrNoImage, d.Namespace, d.Name, releaseOf(running), buildHint(running))
 	}
 	r.res.CoreDNSAfter = release(o.Image)
+	if isNodeCacheImage(running) {
+		r.checkNodeCacheRelease(running)
+		return nil, nil
+	}
 	before, after := r.res.CoreDNSBefore, r.res.CoreDNSAfter
 	if before == after && before != "unknown" {
 		return nil, nil

@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	applyapps "k8s.io/client-go/applyconfigurations/apps/v1"
 	applycore "k8s.io/client-go/applyconfigurations/core/v1"
@@ -26,8 +28,10 @@ import (
 // TestInstallAgainstTheAPIServer runs install, status and uninstall
 // against a real API server (no node: nothing rolls) as a ServiceAccount
 // bound to deploy/kubectl-k8s-event/role.yaml and nothing more, over a
-// Deployment applied server-side by another field manager: the Role is
-// enough (escalation checks included), the next server-side apply has no
+// Deployment of 5 replicas applied server-side by another field manager:
+// the Role and ClusterRole are enough (escalation checks included, the
+// fleet's Role among them), install makes the FlowSchema and the level and
+// uninstall deletes them, the next server-side apply has no
 // conflict, and a second run is refused while one holds the lease.
 func TestInstallAgainstTheAPIServer(t *testing.T) {
 	ctx := t.Context()
@@ -43,7 +47,7 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 	applied := applyapps.Deployment("coredns", ns).
 		WithLabels(map[string]string{"k8s-app": "kube-dns"}).
 		WithSpec(applyapps.DeploymentSpec().
-			WithReplicas(2).
+			WithReplicas(5). // more than install.FleetThreshold: fleet, and its Role
 			WithSelector(applymeta.LabelSelector().WithMatchLabels(map[string]string{"k8s-app": "kube-dns"})).
 			WithTemplate(applycore.PodTemplateSpec().
 				WithLabels(map[string]string{"k8s-app": "kube-dns"}).
@@ -82,6 +86,31 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 	}
 	if s, err := install.Status(ctx, op, install.Options{Namespace: ns}); err != nil || s.State != install.StateInstalled {
 		t.Errorf("status as the operator: %+v, %v", s, err)
+	}
+	if r, err := admin.RbacV1().Roles(ns).Get(ctx, "coredns-k8s-event-fleet", metav1.GetOptions{}); err != nil || len(r.Rules) != 2 {
+		t.Errorf("after install, the fleet's role: %v", err)
+	}
+	flowSchema := install.FlowSchemaName(ns, "coredns")
+	if fs, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, flowSchema, metav1.GetOptions{}); err != nil || fs.Spec.PriorityLevelConfiguration.Name != "k8s-event" {
+		t.Errorf("after install, flowschema %s: %v", flowSchema, err)
+	}
+	if _, err := admin.FlowcontrolV1().PriorityLevelConfigurations().Get(ctx, "k8s-event", metav1.GetOptions{}); err != nil {
+		t.Errorf("after install, prioritylevelconfiguration k8s-event: %v", err)
+	}
+	// Again: the level and the FlowSchema, as the API server keeps them,
+	// are what install would write.
+	out.Reset()
+	if err := install.Install(ctx, op, install.Options{Namespace: ns, Image: image, Force: true, JSON: true, Out: &out}); err != nil {
+		t.Fatalf("install again: %v\n%s", err, out.String())
+	}
+	var again install.Result
+	if err := json.Unmarshal(out.Bytes(), &again); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range again.Changes {
+		if (ch.Kind == "flowschema" || ch.Kind == "prioritylevelconfiguration") && ch.Action != "keep" {
+			t.Errorf("install again: %s %s %s (%s), want it kept", ch.Action, ch.Kind, ch.Name, ch.Detail)
+		}
 	}
 
 	// Another run holds the lease and renews it, as a live run does.
@@ -128,6 +157,9 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 	if err := install.Uninstall(ctx, op, install.Options{Namespace: ns, Out: &out}); err != nil {
 		t.Fatalf("uninstall as the operator: %v\n%s", err, out.String())
 	}
+	if _, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, flowSchema, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("after uninstall, flowschema %s: %v, want it gone", flowSchema, err)
+	}
 	for _, get := range []func() error{
 		func() error {
 			_, err := admin.RbacV1().Roles(ns).Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
@@ -135,6 +167,10 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 		},
 		func() error {
 			_, err := admin.RbacV1().RoleBindings(ns).Get(ctx, "coredns-k8s-event", metav1.GetOptions{})
+			return err
+		},
+		func() error {
+			_, err := admin.RbacV1().Roles(ns).Get(ctx, "coredns-k8s-event-fleet", metav1.GetOptions{})
 			return err
 		},
 	} {
@@ -145,7 +181,8 @@ func TestInstallAgainstTheAPIServer(t *testing.T) {
 }
 
 // operatorClient is a client for a ServiceAccount of ns bound to
-// deploy/kubectl-k8s-event/role.yaml.
+// deploy/kubectl-k8s-event/role.yaml: its Role in ns, its ClusterRole
+// cluster-wide.
 func operatorClient(t *testing.T, ns string) kubernetes.Interface {
 	t.Helper()
 	ctx := context.Background()
@@ -153,11 +190,15 @@ func operatorClient(t *testing.T, ns string) kubernetes.Interface {
 		{"-n", ns, "apply", "-f", filepath.Join(repoRoot, "deploy/kubectl-k8s-event/role.yaml")},
 		{"-n", ns, "create", "serviceaccount", "dns-operator"},
 		{"-n", ns, "create", "rolebinding", "kubectl-k8s-event", "--role", "kubectl-k8s-event", "--serviceaccount", ns + ":dns-operator"},
+		{"create", "clusterrolebinding", "kubectl-k8s-event-" + ns, "--clusterrole", "kubectl-k8s-event", "--serviceaccount", ns + ":dns-operator"},
 	} {
 		if _, stderr, err := kube.Kubectl(ctx, args...); err != nil {
 			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, stderr)
 		}
 	}
+	t.Cleanup(func() {
+		_ = kube.Clientset.RbacV1().ClusterRoleBindings().Delete(context.Background(), "kubectl-k8s-event-"+ns, metav1.DeleteOptions{})
+	})
 	tr, err := kube.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "dns-operator", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

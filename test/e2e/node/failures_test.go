@@ -198,7 +198,8 @@ func (lc *lifecycle) failurePaths(t *testing.T) {
 }
 
 // operatorKubeconfig is a kubeconfig for a ServiceAccount bound to
-// deploy/kubectl-k8s-event/role.yaml in the layout's namespace, changed
+// deploy/kubectl-k8s-event/role.yaml (its Role in the layout's namespace,
+// its ClusterRole cluster-wide), the Role changed
 // by the JSON patch edit when one is given.
 func (lc *lifecycle) operatorKubeconfig(t *testing.T, edit ...string) string {
 	ns := lc.l.ns
@@ -208,6 +209,7 @@ func (lc *lifecycle) operatorKubeconfig(t *testing.T, edit ...string) string {
 	}
 	lc.kubectl("-n", ns, "create", "serviceaccount", "dns-operator")
 	lc.kubectl("-n", ns, "create", "rolebinding", "kubectl-k8s-event", "--role", "kubectl-k8s-event", "--serviceaccount", ns+":dns-operator")
+	lc.kubectl("create", "clusterrolebinding", "kubectl-k8s-event-"+ns, "--clusterrole", "kubectl-k8s-event", "--serviceaccount", ns+":dns-operator")
 	tr, err := lc.kube.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), "dns-operator", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -225,6 +227,7 @@ func (lc *lifecycle) operatorKubeconfig(t *testing.T, edit ...string) string {
 	}
 	t.Cleanup(func() {
 		lc.kube.Kubectl(context.Background(), "-n", ns, "delete", "rolebinding/kubectl-k8s-event", "role/kubectl-k8s-event", "serviceaccount/dns-operator", "--ignore-not-found")
+		lc.kube.Kubectl(context.Background(), "delete", "clusterrolebinding/kubectl-k8s-event-"+ns, "--ignore-not-found")
 	})
 	return path
 }
