@@ -95,7 +95,7 @@ func (hs *hosts) promoted(s *scheduler, host string, now time.Time) error {
 		shapeMade = shapeMade || k.member == "" && e.first.Equal(now)
 	}
 	at := now.Sub(s.corr.origin)
-	w := s.corr.windows[windowKey{hs.level, hs.plugin}]
+	w, _ := s.corr.windows.Peek(windowKey{hs.level, hs.plugin}) // Peek: the check moves no recency
 	switch {
 	case shapeMade: // the line made its shape's combined event: the next one promotes
 	case w == nil || w.promoter == nil || len(w.promoter.slots) >= promoterSlots:
