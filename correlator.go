@@ -52,16 +52,7 @@ type entry struct {
 	stamped time.Time
 	seq     uint64 // of its latest line: the least recently seen goes first
 
-	name       string // the Event object's name once created
-	tried      string // the name of a create that reached the API and got no answer
-	triedCount int64  // the lines that create carried, from the event's first
-
-	// doubt is the count of the latest write that reached the API and got
-	// no answer; zero once a later answer settled it.
-	doubt    int64
-	failures int       // consecutive failed writes, for the backoff
-	retryAt  time.Time // no attempt before this: a backoff, a pause after a refusal
-	asked    time.Time // no attempt before this, even at shutdown: the latest Retry-After
+	writeState // what the scheduler keeps of its writes (scheduler.go)
 
 	// base is the lines carried by earlier objects of this event, each
 	// full at a count of 2^31-1: the count of the current one is seen-base.
@@ -71,9 +62,7 @@ type entry struct {
 	storm        int64
 	stormWritten bool
 
-	inflight uint64 // the request in flight for it, 0 when none
-	deferred bool   // found its bucket empty since its latest request
-	evicted  bool
+	evicted bool
 
 	end     *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
 	links            // its place in the cache (cache.go)

@@ -44,6 +44,23 @@ type flight struct {
 	fleet  bool   // a read of the workload, made for a write (fleet.go)
 }
 
+// writeState is what the scheduler keeps of the writes of an entry: the object it wrote, a
+// create in doubt, the backoff, the request in flight.
+type writeState struct {
+	name       string // the Event object's name once created
+	tried      string // the name of a create that reached the API and got no answer
+	triedCount int64  // the lines that create carried, from the event's first
+
+	// doubt is the count of the latest write that reached the API and got
+	// no answer; zero once a later answer settled it.
+	doubt    int64
+	failures int       // consecutive failed writes, for the backoff
+	retryAt  time.Time // no attempt before this: a backoff, a pause after a refusal
+	asked    time.Time // no attempt before this, even at shutdown: the latest Retry-After
+	inflight uint64    // the request in flight for it, 0 when none
+	deferred bool      // found its bucket empty since its latest request
+}
+
 type scheduler struct {
 	set      config // rate and quiet; levels are the listener's
 	corr     *correlator

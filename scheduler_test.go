@@ -737,7 +737,7 @@ func TestDoubtOfDroppedLines(t *testing.T) {
 		{seen: 6, carried: 2, doubt: 0, want: 0}, // every write answered
 		{seen: 3, carried: 1, doubt: 6, want: 2}, // no more than were pending
 	} {
-		e := &entry{tally: tally{seen: tt.seen, carried: tt.carried}, doubt: tt.doubt}
+		e := &entry{tally: tally{seen: tt.seen, carried: tt.carried}, writeState: writeState{doubt: tt.doubt}}
 		pendingLines.Add(float64(e.pending()))
 		before := h.s.doubtful
 		h.s.drop(e, dropEvicted)
