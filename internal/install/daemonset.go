@@ -233,7 +233,11 @@ func (w *daemon) planRollout(_ context.Context, _ kubernetes.Interface, r *run, 
 	if !surgeAllowed(&op.Spec.Template.Spec) {
 		surge = "maxUnavailable " + batch.RollingUpdate.MaxUnavailable.String() + ", no surge (the pods use the node's network or a host port, which the old pod holds)"
 	}
-	r.res.Rollout = fmt.Sprintf("a canary first (updateStrategy OnDelete: one pod replaced, which must be Ready without a restart for %v), then RollingUpdate batch by batch with %s, each batch Ready without a restart for %v (minReadySeconds %d) before the next; your updateStrategy (%s) and minReadySeconds (%d) are put back after", settle, surge, settle, wd.Spec.MinReadySeconds, w.rolloutString(), op.Spec.MinReadySeconds)
+	canary := "updateStrategy OnDelete: one pod deleted and replaced"
+	if surgeAllowed(&op.Spec.Template.Spec) {
+		canary = "RollingUpdate, maxSurge 1, maxUnavailable 0: one node's new pod beside its old one"
+	}
+	r.res.Rollout = fmt.Sprintf("a canary first (%s, which must be Ready without a restart for %v), then RollingUpdate batch by batch with %s, each batch Ready without a restart for %v (minReadySeconds %d) before the next; your updateStrategy (%s) and minReadySeconds (%d) are put back after", canary, settle, surge, settle, wd.Spec.MinReadySeconds, w.rolloutString(), op.Spec.MinReadySeconds)
 	return true, nil
 }
 
@@ -246,17 +250,78 @@ func (w *daemon) rollStages(ctx context.Context, c kubernetes.Interface, r *run,
 	if err != nil {
 		return err
 	}
-	if err := r.canary(ctx, c, now.(*daemon), t, settle); err != nil {
+	if surgeAllowed(&w.d.Spec.Template.Spec) {
+		err = r.surgeCanary(ctx, c, w, now.(*daemon), t, settle)
+	} else {
+		err = r.canary(ctx, c, now.(*daemon), t, settle)
+	}
+	if err != nil {
 		return err
 	}
 	live, err := w.get(ctx, c)
 	if err != nil {
 		return err
 	}
-	if err := w.setBatches(ctx, c, r, live.(*daemon)); err != nil {
+	if err := w.setTemporary(ctx, c, r, live.(*daemon), w.batchStrategy(), "the batches"); err != nil {
 		return err
 	}
 	return r.watchBatches(ctx, c, w, t)
+}
+
+// surgeCanary is the canary where a new pod can run beside the old one:
+// RollingUpdate with maxSurge 1 and maxUnavailable 0 starts the new pod
+// on one node beside its old one, which goes only once the new one has
+// been available for minReadySeconds (the settle time); the run waits for
+// that pod to settle. A canary that does not start stalls the controller
+// there, and no node loses its pod.
+func (r *run) surgeCanary(ctx context.Context, c kubernetes.Interface, op, live *daemon, t *target, settle time.Duration) error {
+	old, err := pods(ctx, c, live)
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(old, func(p corev1.Pod) bool { return !runsTemplate(&p, live.template(), t) }) {
+		return nil
+	}
+	one := appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType, RollingUpdate: &appsv1.RollingUpdateDaemonSet{
+		MaxUnavailable: ptrTo(intstr.FromInt32(0)), MaxSurge: ptrTo(intstr.FromInt32(1)),
+	}}
+	if err := op.setTemporary(ctx, c, r, live, one, "the canary"); err != nil {
+		return err
+	}
+	var node string
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, r.o.Wait, true, func(ctx context.Context) (bool, error) {
+		list, err := templatePods(ctx, c, live, t)
+		if err != nil {
+			return false, stopOn(err)
+		}
+		for _, p := range list {
+			if p.Spec.NodeName != "" {
+				node = p.Spec.NodeName
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: no canary pod of the new template was scheduled within %v: %w", ref(live), r.o.Wait, err)
+	}
+	r.printf("canary: a new pod beside the old one on node %s\n", node)
+	return r.settleCanary(ctx, c, live, t, settle, node)
+}
+
+// settleCanary waits for the pod of the new template on node to be Ready
+// without a restart for the settle time.
+func (r *run) settleCanary(ctx context.Context, c kubernetes.Interface, ds *daemon, t *target, settle time.Duration, node string) error {
+	onNode := func(p *corev1.Pod) bool { return p.Spec.NodeName == node }
+	note, err := settlePods(ctx, c, ds, t, settle, 1, onNode)
+	if note != "" {
+		r.printf("%s\n", note)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: the canary on node %s failed: %w", ref(ds), node, err)
+	}
+	r.printf("canary: the new pod on node %s settled\n", node)
+	return nil
 }
 
 // canary deletes one pod of ds that does not run its template, and waits
@@ -283,16 +348,7 @@ func (r *run) canary(ctx context.Context, c kubernetes.Interface, ds *daemon, t 
 		return fmt.Errorf("canary: delete pod %s: %w", old.Name, err)
 	}
 	r.change(Change{Action: "delete", Kind: "pod", Name: old.Namespace + "/" + old.Name, Detail: "the canary: its replacement on node " + node + " runs the new template first"}, "delete pod "+old.Namespace+"/"+old.Name+" (the canary)")
-	onNode := func(p *corev1.Pod) bool { return p.Spec.NodeName == node }
-	note, err := settlePods(ctx, c, ds, t, settle, 1, onNode)
-	if note != "" {
-		r.printf("%s\n", note)
-	}
-	if err != nil {
-		return fmt.Errorf("%s: the canary on node %s failed: %w", ref(ds), node, err)
-	}
-	r.printf("canary: the new pod on node %s settled\n", node)
-	return nil
+	return r.settleCanary(ctx, c, ds, t, settle, node)
 }
 
 func boolCmp(a, b bool) int {
@@ -305,10 +361,9 @@ func boolCmp(a, b bool) int {
 	return -1
 }
 
-// setBatches sets the batch strategy on live, recording it as the
-// temporary one in place of OnDelete.
-func (w *daemon) setBatches(ctx context.Context, c kubernetes.Interface, r *run, live *daemon) error {
-	batch := w.batchStrategy()
+// setTemporary sets the updateStrategy batch on live, recording it as
+// the temporary one beside the operator's (w's); what says what for.
+func (w *daemon) setTemporary(ctx context.Context, c kubernetes.Interface, r *run, live *daemon, batch appsv1.DaemonSetUpdateStrategy, what string) error {
 	want := live.d.DeepCopy()
 	want.Spec.UpdateStrategy = batch
 	recordRollout(&want.ObjectMeta, w.d.Spec.UpdateStrategy, w.d.Spec.MinReadySeconds, batch, live.d.Spec.MinReadySeconds)
@@ -317,9 +372,9 @@ func (w *daemon) setBatches(ctx context.Context, c kubernetes.Interface, r *run,
 		"spec":     map[string]any{"updateStrategy": updateStrategyJSON(batch)},
 	})
 	if err := live.patch(ctx, c, types.MergePatchType, body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-		return fmt.Errorf("%s: setting the batch strategy: %w", ref(w), err)
+		return fmt.Errorf("%s: setting the updateStrategy for %s: %w", ref(w), what, err)
 	}
-	r.change(Change{Action: "patch", Kind: kindName(w), Name: nsName(w), Detail: "updateStrategy for the batches: " + updateStrategyString(batch)}, "patch "+ref(w)+": the batches")
+	r.change(Change{Action: "patch", Kind: kindName(w), Name: nsName(w), Detail: "updateStrategy for " + what + ": " + updateStrategyString(batch)}, "patch "+ref(w)+" for "+what)
 	return nil
 }
 

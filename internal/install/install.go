@@ -52,8 +52,8 @@ type Options struct {
 	// app.kubernetes.io/name=coredns (the CoreDNS helm chart).
 	Deployment string
 	// Kind is the kind of the workload Deployment names: Deployment when
-	// empty, or DaemonSet (--workload daemonset/NAME), which install
-	// refuses or tells the way that works for.
+	// empty, or DaemonSet (--workload daemonset/NAME), whose rollout goes
+	// a canary first, then batch by batch.
 	Kind string
 	// Container is the CoreDNS container's name; when empty, the one
 	// named coredns, or the only one.
