@@ -368,7 +368,9 @@ func (w *daemon) setTemporary(ctx context.Context, c kubernetes.Interface, r *ru
 	want.Spec.UpdateStrategy = batch
 	recordRollout(&want.ObjectMeta, w.d.Spec.UpdateStrategy, w.d.Spec.MinReadySeconds, batch, live.d.Spec.MinReadySeconds)
 	body, _ := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]any{StrategyAnnotation: want.Annotations[StrategyAnnotation]}, "resourceVersion": live.d.ResourceVersion},
+		// No resourceVersion: the controller writes the status all the
+		// while, and the patch sets only these two fields, the run's.
+		"metadata": map[string]any{"annotations": map[string]any{StrategyAnnotation: want.Annotations[StrategyAnnotation]}},
 		"spec":     map[string]any{"updateStrategy": updateStrategyJSON(batch)},
 	})
 	if err := live.patch(ctx, c, types.MergePatchType, body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
