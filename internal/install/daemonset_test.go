@@ -388,3 +388,45 @@ func TestDaemonSetKeepsTheOperatorsOnDelete(t *testing.T) {
 		t.Errorf("updateStrategy %s, want OnDelete as the operator had it", specJSONOf(got.Spec.UpdateStrategy))
 	}
 }
+
+// A run killed during a DaemonSet's rollout leaves its record of the
+// operator's updateStrategy beside the temporary one (OnDelete): status
+// names it, and the next install finishes the rollout and puts the
+// operator's updateStrategy and minReadySeconds back exactly.
+func TestDaemonSetRunCutOffDuringItsRolloutIsFinished(t *testing.T) {
+	ctx := context.Background()
+	stock := daemonSetOfNodes()
+	stock.Spec.MinReadySeconds = 0
+	c := newClient(stock.DeepCopy(), configMap())
+	newDSController(c, 2, "")
+	c.AppsV1().DaemonSets("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	var out bytes.Buffer
+	o := Options{Image: image, Kind: kindDaemonSet, Deployment: "coredns", Wait: 20 * time.Second, Settle: time.Second, Out: &out}
+	if err := Install(ctx, c, o); err != nil {
+		t.Fatalf("install: %v\n%s", err, out.String())
+	}
+	// What a run killed after its patch leaves: OnDelete, the raised
+	// minReadySeconds, and the record.
+	cut := getDS(t, c)
+	tmp := appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+	recordRollout(&cut.ObjectMeta, cut.Spec.UpdateStrategy, cut.Spec.MinReadySeconds, tmp, 1)
+	cut.Spec.UpdateStrategy, cut.Spec.MinReadySeconds = tmp, 1
+	if _, err := c.AppsV1().DaemonSets("kube-system").Update(ctx, cut, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Status(ctx, c, Options{Kind: kindDaemonSet, Deployment: "coredns"})
+	if err != nil || !strings.Contains(strings.Join(s.Problems, "\n"), "a run was cut off during its rollout: the DaemonSet rolls with the updateStrategy it set (OnDelete) in place of yours (RollingUpdate, maxSurge 0, maxUnavailable 2)") {
+		t.Errorf("status of a run cut off: %v %+v", err, s)
+	}
+	out.Reset()
+	if err := Install(ctx, c, o); err != nil {
+		t.Fatalf("install after the cut: %v\n%s", err, out.String())
+	}
+	got := getDS(t, c)
+	if !equalJSON(got.Spec.UpdateStrategy, stock.Spec.UpdateStrategy) || got.Spec.MinReadySeconds != 0 || got.Annotations[StrategyAnnotation] != "" {
+		t.Errorf("after the next install: updateStrategy %s, minReadySeconds %d, record %q: want the operator's\n%s", updateStrategyString(got.Spec.UpdateStrategy), got.Spec.MinReadySeconds, got.Annotations[StrategyAnnotation], out.String())
+	}
+	if s, err := Status(ctx, c, Options{Kind: kindDaemonSet, Deployment: "coredns"}); err != nil || s.State != StateInstalled || s.Kind != kindDaemonSet || len(s.Problems) > 0 {
+		t.Errorf("status after the next install: %v %+v", err, s)
+	}
+}
