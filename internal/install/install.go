@@ -9,8 +9,11 @@
 // with the template through `kubectl rollout undo` and tools that rewrite
 // the Deployment.
 //
-// A run goes through phases, one a file: discover.go finds the Deployment
-// and inspects it into a target; plan.go works out the ConfigMap, the
+// What runs CoreDNS, a Deployment or a DaemonSet, is a workload
+// (workload.go), of which deployment.go and daemonset.go are the kinds:
+// the rest of the package names neither API type. A run goes through
+// phases, one a file: discover.go finds the workload and inspects it
+// into a target; plan.go works out the ConfigMap, the
 // template, the rollout strategy and the RBAC, and refuses what must not
 // be done; apply.go makes the writes; rollout.go waits for the rollout and
 // puts back one that fails; report.go is what the run tells. run.go holds
