@@ -130,7 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Namespace, "namespace", "kube-system", "the namespace of CoreDNS")
 	fs.StringVar(&o.Namespace, "n", "kube-system", "short for --namespace")
 	var workload string
-	fs.StringVar(&workload, "workload", "", "what runs CoreDNS, as KIND/NAME: deployment/NAME (daemonset/NAME is named and refused, with the way that works) (default: the Deployment labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns)")
+	fs.StringVar(&workload, "workload", "", "what runs CoreDNS, as KIND/NAME: deployment/NAME or daemonset/NAME (a DaemonSet rolls a canary first, then batch by batch) (default: the Deployment labelled k8s-app=kube-dns or app.kubernetes.io/name=coredns)")
 	fs.StringVar(&o.Deployment, "deployment", "", "the CoreDNS Deployment: --workload deployment/NAME")
 	fs.StringVar(&o.Container, "container", "", "the CoreDNS container (default: coredns, or the only one)")
 	fs.StringVar(&o.Image, "image", "", "install: the CoreDNS image with k8s_event, on the CoreDNS release the Deployment runs (when not given, install names that release and how to build its image)")

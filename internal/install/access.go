@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -194,24 +193,28 @@ func leaseNeeds(name string) []need {
 	}
 }
 
-// watchRollout is what a run needs to tell that the rollout of Deployment
-// name finished and its pods settled: to read the Deployment and list its
-// pods.
-func watchRollout(name string) need {
-	return needs("waiting for the rollout of deployment "+name+" and its pods to settle",
-		right{verb: "get", group: "apps", resource: "deployments", name: name}, right{verb: "list", resource: "pods"})
+// watchRollout is what a run needs to tell that the rollout of workload
+// w finished and its pods settled: to read it and list its pods; for a
+// DaemonSet, to delete its canary pod too.
+func watchRollout(w workload) need {
+	n := needs("waiting for the rollout of "+ref(w)+" and its pods to settle",
+		right{verb: "get", group: "apps", resource: w.resource(), name: w.meta().Name}, right{verb: "list", resource: "pods"})
+	if w.kind() == kindDaemonSet {
+		n.all = append(n.all, right{verb: "delete", resource: "pods"})
+	}
+	return n
 }
 
 // installAccess is what an install needs and the dry runs of its writes,
 // in the order it makes them: the Corefile ConfigMap, the Role and
 // RoleBinding, the Deployment's patch.
 func installAccess(c kubernetes.Interface, p *installPlan) ([]need, []dryWrite) {
-	ns, name := p.d.Namespace, p.d.Name
-	deploy := "patch deployment " + ns + "/" + name
+	ns, name := p.w.meta().Namespace, p.w.meta().Name
+	deploy := "patch " + ref(p.w)
 	list := []need{
-		needs(deploy+" (and put its strategy back after the rollout)", right{verb: "patch", group: "apps", resource: "deployments", name: name}),
-		watchRollout(name),
-		needs("finding the ConfigMaps no revision reads", right{verb: "list", group: "apps", resource: "replicasets"}, right{verb: "list", resource: "configmaps"}),
+		needs(deploy+" (and put its strategy back after the rollout)", right{verb: "patch", group: "apps", resource: p.w.resource(), name: name}),
+		watchRollout(p.w),
+		needs("finding the ConfigMaps no revision reads", right{verb: "list", group: "apps", resource: p.w.revisionResource()}, right{verb: "list", resource: "configmaps"}),
 	}
 	var writes []dryWrite
 	cm := "create configmap " + ns + "/" + p.gen.Name
@@ -238,8 +241,7 @@ func installAccess(c kubernetes.Interface, p *installPlan) ([]need, []dryWrite) 
 	}
 	if p.patch != nil {
 		writes = append(writes, dryWrite{deploy, func(ctx context.Context) error {
-			_, err := c.AppsV1().Deployments(ns).Patch(ctx, name, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager, DryRun: dryAll})
-			return err
+			return p.w.patch(ctx, c, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager, DryRun: dryAll})
 		}})
 	}
 	return list, writes
@@ -248,28 +250,27 @@ func installAccess(c kubernetes.Interface, p *installPlan) ([]need, []dryWrite) 
 // installRights is rightToFinish for the install p plans.
 func (r *run) installRights(ctx context.Context, c kubernetes.Interface, p *installPlan) error {
 	list, writes := installAccess(c, p)
-	return r.rightToFinish(ctx, c, p.d.Namespace, list, writes)
+	return r.rightToFinish(ctx, c, p.w.meta().Namespace, list, writes)
 }
 
 // uninstallRights is rightToFinish for an uninstall that patches before
 // with p.
-func (r *run) uninstallRights(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, p *patch) error {
-	ns, name := before.Namespace, before.Name
-	deploy := "patch deployment " + ns + "/" + name
+func (r *run) uninstallRights(ctx context.Context, c kubernetes.Interface, before workload, p *patch) error {
+	ns, name := before.meta().Namespace, before.meta().Name
+	deploy := "patch " + ref(before)
 	rb := func(verb, resource string) right {
 		return right{verb: verb, group: "rbac.authorization.k8s.io", resource: resource, name: name + "-k8s-event"}
 	}
 	list := []need{
-		needs(deploy+" (and put its strategy back after the rollout)", right{verb: "patch", group: "apps", resource: "deployments", name: name}),
-		watchRollout(name),
-		needs("deleting the Corefile ConfigMaps no revision reads", right{verb: "list", group: "apps", resource: "replicasets"}, right{verb: "list", resource: "configmaps"}, right{verb: "delete", resource: "configmaps"}),
+		needs(deploy+" (and put its strategy back after the rollout)", right{verb: "patch", group: "apps", resource: before.resource(), name: name}),
+		watchRollout(before),
+		needs("deleting the Corefile ConfigMaps no revision reads", right{verb: "list", group: "apps", resource: before.revisionResource()}, right{verb: "list", resource: "configmaps"}, right{verb: "delete", resource: "configmaps"}),
 		needs("deleting the Role and RoleBinding the install made (or taking the ServiceAccount out of a RoleBinding others bound subjects with)", rb("delete", "rolebindings"), rb("update", "rolebindings"), rb("delete", "roles")),
 		fleetNeeds(name),
 	}
 	list = append(list, r.flowControlNeeds(ctx, c, ns, name)...)
 	writes := []dryWrite{{deploy, func(ctx context.Context) error {
-		_, err := c.AppsV1().Deployments(ns).Patch(ctx, name, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager, DryRun: dryAll})
-		return err
+		return before.patch(ctx, c, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager, DryRun: dryAll})
 	}}}
 	return r.rightToFinish(ctx, c, ns, list, writes)
 }

@@ -13,21 +13,21 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// applyInstall makes the changes up to the Deployment's patch, or with
+// applyInstall makes the changes up to the workload's patch, or with
 // DryRun says them.
 func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *installPlan) error {
-	o, d, gen := r.o, p.d, p.gen
-	ns := d.Namespace
+	o, gen := r.o, p.gen
+	ns := p.w.meta().Namespace
 	if o.DryRun {
 		r.printf("# dry run: nothing is changed\n")
 	}
-	r.printf("deployment %s/%s: image %s -> %s (CoreDNS %s -> %s)\n", ns, d.Name, r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
+	r.printf("%s: image %s -> %s (CoreDNS %s -> %s)\n", ref(p.w), r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
 	r.printf("configmap keys the pods read:\n%s", indent(strings.Join(r.res.Keys, "\n")))
 	r.printf("rollout: %s\n%s", r.res.Rollout, r.extrasText())
 	if p.genThere {
 		r.change(Change{Action: "keep", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "there already"}, "configmap "+ns+"/"+gen.Name+" is there")
 	} else {
-		src := d.Spec.Template.Spec.Volumes[p.t.volume].ConfigMap.Name
+		src := p.w.template().Spec.Volumes[p.t.volume].ConfigMap.Name
 		if p.t.rec != nil && src == p.t.rec.ConfigMap {
 			src = p.t.rec.Original.Volume.ConfigMap.Name
 		}
@@ -38,13 +38,13 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 			case err == nil:
 				r.done = append(r.done, r.res.Changes[len(r.res.Changes)-1])
 				r.created = append(r.created, undoStep{r.res.Changes[len(r.res.Changes)-1], func(ctx context.Context) error {
-					// Unless the Deployment reads it all the same (a patch
+					// Unless the workload reads it all the same (a patch
 					// that went through, its answer lost).
-					now, err := c.AppsV1().Deployments(ns).Get(ctx, d.Name, metav1.GetOptions{})
+					now, err := p.w.get(ctx, c)
 					switch {
 					case err != nil:
 						return err
-					case slices.ContainsFunc(now.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+					case slices.ContainsFunc(now.template().Spec.Volumes, func(v corev1.Volume) bool {
 						return v.ConfigMap != nil && v.ConfigMap.Name == gen.Name
 					}):
 						return errKept
@@ -70,27 +70,35 @@ func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *insta
 			}
 		}
 	}
+	return r.applyPatch(ctx, c, p)
+}
+
+// applyPatch patches the workload, or with DryRun says the patch and
+// what follows the rollout.
+func (r *run) applyPatch(ctx context.Context, c kubernetes.Interface, p *installPlan) error {
+	o, w, kind, name := r.o, p.w, kindName(p.w), nsName(p.w)
+	ns := w.meta().Namespace
 	if p.patch == nil {
-		r.change(Change{Action: "keep", Kind: "deployment", Name: ns + "/" + d.Name, Detail: "has k8s_event already"}, fmt.Sprintf("deployment %s/%s has k8s_event already", ns, d.Name))
+		r.change(Change{Action: "keep", Kind: kind, Name: name, Detail: "has k8s_event already"}, ref(w)+" has k8s_event already")
 		if p.release && !p.finish {
-			r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, fmt.Sprintf("patch deployment %s/%s, giving up the install's field ownership", ns, d.Name))
+			r.change(Change{Action: "patch", Kind: kind, Name: name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, "patch "+ref(w)+", giving up the install's field ownership")
 		}
 	} else {
-		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: string(p.patch.display)}, fmt.Sprintf("patch deployment %s/%s", ns, d.Name))
+		r.change(Change{Action: "patch", Kind: kind, Name: name, Detail: string(p.patch.display)}, "patch "+ref(w))
 		if !o.DryRun {
-			if _, err := c.AppsV1().Deployments(ns).Patch(ctx, d.Name, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+			if err := w.patch(ctx, c, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
 				r.failed()
-				return fmt.Errorf("patch deployment %s/%s: %w", ns, d.Name, err)
+				return fmt.Errorf("patch %s: %w", ref(w), err)
 			}
 		}
 	}
-	if p.strategy != nil && o.DryRun {
-		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, When: "after the rollout", Detail: "strategy back to " + strategyString(p.before.Spec.Strategy)},
-			fmt.Sprintf("after the rollout, patch deployment %s/%s", ns, d.Name))
+	if p.strategy && o.DryRun {
+		r.change(Change{Action: "patch", Kind: kind, Name: name, When: "after the rollout", Detail: "strategy back to " + p.before.rolloutString()},
+			"after the rollout, patch "+ref(w))
 	}
 	if o.DryRun {
 		for _, cm := range p.prunes {
-			r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: "after the rollout", Detail: "no revision of deployment " + d.Name + " reads it"}, "after the rollout, delete configmap "+ns+"/"+cm)
+			r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: "after the rollout", Detail: "no revision of " + ref(w) + " reads it"}, "after the rollout, delete configmap "+ns+"/"+cm)
 		}
 	}
 	return nil

@@ -4,19 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
-// target is the CoreDNS Deployment and where its Corefile comes from.
+// target is the workload that runs CoreDNS and where its Corefile comes
+// from.
 type target struct {
-	dep       *appsv1.Deployment
+	w         workload
 	container int // index in the pod template
 	volume    int // index of the config volume
 	key       string
@@ -29,18 +28,21 @@ type target struct {
 	layout *layout
 }
 
-// findDeployment returns the CoreDNS Deployment that o names.
-func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*appsv1.Deployment, error) {
+// findWorkload returns the CoreDNS workload that o names.
+func findWorkload(ctx context.Context, c kubernetes.Interface, o *Options) (workload, error) {
 	ns := o.namespace()
 	if o.Kind == kindDaemonSet {
 		ds := daemonSets(ctx, c, ns, o.Deployment)
 		if len(ds) == 0 {
 			return nil, fmt.Errorf("--workload daemonset/%s: no such DaemonSet in namespace %q", o.Deployment, ns)
 		}
-		return nil, daemonSetError(ns, ds)
+		if err := refusedLayout(ds[0]); err != nil {
+			return nil, err
+		}
+		return ds[0], nil
 	}
 	if o.Deployment != "" {
-		d, err := c.AppsV1().Deployments(ns).Get(ctx, o.Deployment, metav1.GetOptions{})
+		d, err := getDeployment(ctx, c, ns, o.Deployment)
 		if err != nil {
 			if ds := daemonSets(ctx, c, ns, o.Deployment); len(ds) > 0 {
 				return nil, daemonSetError(ns, ds)
@@ -49,14 +51,10 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 		}
 		return d, nil
 	}
-	found := map[string]appsv1.Deployment{}
+	found := map[string]workload{}
 	for _, sel := range selectors(kindDeployment) {
-		list, err := c.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
-		if err != nil {
+		if err := listDeployments(ctx, c, ns, sel, found); err != nil {
 			return nil, fmt.Errorf("looking for CoreDNS in namespace %q: %w", ns, err)
-		}
-		for _, d := range list.Items {
-			found[d.Name] = d
 		}
 	}
 	switch len(found) {
@@ -64,39 +62,31 @@ func findDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (*a
 		if ds := daemonSets(ctx, c, ns, ""); len(ds) > 0 {
 			return nil, daemonSetError(ns, ds)
 		}
-		return nil, fmt.Errorf("no Deployment labelled %s in namespace %q: name it with --deployment (and --namespace)", strings.Join(selectors(kindDeployment), " or "), ns)
+		return nil, fmt.Errorf("no Deployment labelled %s in namespace %q: name it with --workload deployment/NAME or daemonset/NAME (and --namespace)", strings.Join(selectors(kindDeployment), " or "), ns)
 	case 1:
 		for _, d := range found {
-			return &d, nil
+			return d, nil
 		}
 	}
-	names := make([]string, 0, len(found))
-	for n := range found {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(found))
 	return nil, fmt.Errorf("namespace %q has %d CoreDNS Deployments (%s): name one with --deployment", ns, len(names), strings.Join(names, ", "))
 }
 
 // daemonSets are the DaemonSets of ns named name, or, when name is
 // empty, labelled as CoreDNS is, there or in the namespace a layout runs
 // it in: CoreDNS may run as one.
-func daemonSets(ctx context.Context, c kubernetes.Interface, ns, name string) []appsv1.DaemonSet {
+func daemonSets(ctx context.Context, c kubernetes.Interface, ns, name string) []workload {
 	if name != "" {
-		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+		ds, err := getDaemonSet(ctx, c, ns, name)
 		if err != nil {
 			return nil
 		}
-		return []appsv1.DaemonSet{*ds}
+		return []workload{ds}
 	}
-	var out []appsv1.DaemonSet
+	var out []workload
 	look := func(ns, sel string) {
-		list, err := c.AppsV1().DaemonSets(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
-		if err != nil {
-			return
-		}
-		for _, d := range list.Items {
-			if !slices.ContainsFunc(out, func(o appsv1.DaemonSet) bool { return o.Namespace == d.Namespace && o.Name == d.Name }) {
+		for _, d := range listDaemonSets(ctx, c, ns, sel) {
+			if !slices.ContainsFunc(out, func(o workload) bool { return nsName(o) == nsName(d) }) {
 				out = append(out, d)
 			}
 		}
@@ -112,24 +102,37 @@ func daemonSets(ctx context.Context, c kubernetes.Interface, ns, name string) []
 	return out
 }
 
+// refusedLayout refuses, with the vendor's way, a workload whose layout
+// the tool leaves alone.
+func refusedLayout(w workload) error {
+	if l := layoutOf(subject{kind: w.kind(), meta: w.meta(), program: programOf(&w.template().Spec)}); l.refused != "" {
+		return &RefusedError{[]string{fmt.Sprintf("%s: %s", ref(w), l.refused)}}
+	}
+	return nil
+}
+
 // daemonSetError says that CoreDNS runs as the DaemonSets ds: refused
-// with the vendor's way where a layout leaves it alone, else that install
-// does not change it, and the way that works.
-func daemonSetError(ns string, ds []appsv1.DaemonSet) error {
+// with the vendor's way where a layout leaves it alone, else how to name
+// one.
+func daemonSetError(ns string, ds []workload) error {
 	var names []string
 	for _, d := range ds {
-		if l := layoutOf(subject{kind: kindDaemonSet, meta: &d.ObjectMeta, program: programOf(&d.Spec.Template.Spec)}); l.refused != "" {
-			return &RefusedError{[]string{fmt.Sprintf("daemonset %s/%s: %s", d.Namespace, d.Name, l.refused)}}
+		if err := refusedLayout(d); err != nil {
+			return err
 		}
-		names = append(names, d.Namespace+"/"+d.Name)
+		names = append(names, "--workload "+kubectlRef(d))
+		if d.meta().Namespace != ns {
+			names[len(names)-1] += " --namespace " + d.meta().Namespace
+		}
 	}
-	return fmt.Errorf("namespace %q runs CoreDNS as DaemonSet %s, and install changes a Deployment only: copy the kustomize component deploy/k8s_event/component, set kind: DaemonSet and the names in its patch, and apply it with your manifests (docs/install.md, With kustomize)", ns, strings.Join(names, ", "))
+	return fmt.Errorf("namespace %q runs CoreDNS as a DaemonSet, not a Deployment: name it with %s", ns, strings.Join(names, ", or "))
 }
 
 // inspect finds the container, the config volume and the Corefile's key.
-func inspect(d *appsv1.Deployment, o *Options) (*target, error) {
-	t := &target{dep: d, container: -1, volume: -1}
-	spec := &d.Spec.Template.Spec
+func inspect(w workload, o *Options) (*target, error) {
+	t := &target{w: w, container: -1, volume: -1}
+	spec := &w.template().Spec
+	ref := ref(w)
 	for i, c := range spec.Containers {
 		if (o.Container != "" && c.Name == o.Container) || (o.Container == "" && c.Name == "coredns") {
 			t.container = i
@@ -142,16 +145,16 @@ func inspect(d *appsv1.Deployment, o *Options) (*target, error) {
 		}
 		switch {
 		case o.Container != "":
-			return nil, fmt.Errorf("deployment %s/%s: --container %q: not among its containers %v", d.Namespace, d.Name, o.Container, names)
+			return nil, fmt.Errorf("%s: --container %q: not among its containers %v", ref, o.Container, names)
 		case len(spec.Containers) != 1:
-			return nil, fmt.Errorf("deployment %s/%s: none of its containers %v is named coredns: name the CoreDNS one with --container", d.Namespace, d.Name, names)
+			return nil, fmt.Errorf("%s: none of its containers %v is named coredns: name the CoreDNS one with --container", ref, names)
 		}
 		t.container = 0
 	}
 	c := spec.Containers[t.container]
 	conf := corefilePath(append(slices.Clone(c.Command), c.Args...))
 	if conf == "" {
-		return nil, fmt.Errorf("deployment %s/%s: container %s has no -conf argument: cannot tell where its Corefile comes from", d.Namespace, d.Name, c.Name)
+		return nil, fmt.Errorf("%s: container %s has no -conf argument: cannot tell where its Corefile comes from", ref, c.Name)
 	}
 	var mount *corev1.VolumeMount
 	rel := ""
@@ -166,7 +169,7 @@ func inspect(d *appsv1.Deployment, o *Options) (*target, error) {
 		}
 	}
 	if mount == nil {
-		return nil, fmt.Errorf("deployment %s/%s: no volume of container %s holds -conf %s", d.Namespace, d.Name, c.Name, conf)
+		return nil, fmt.Errorf("%s: no volume of container %s holds -conf %s", ref, c.Name, conf)
 	}
 	for i, v := range spec.Volumes {
 		if v.Name == mount.Name {
@@ -174,7 +177,7 @@ func inspect(d *appsv1.Deployment, o *Options) (*target, error) {
 		}
 	}
 	if t.volume < 0 || spec.Volumes[t.volume].ConfigMap == nil {
-		return nil, fmt.Errorf("deployment %s/%s: volume %q of -conf %s is not a ConfigMap", d.Namespace, d.Name, mount.Name, conf)
+		return nil, fmt.Errorf("%s: volume %q of -conf %s is not a ConfigMap", ref, mount.Name, conf)
 	}
 	t.key, t.conf = rel, conf
 	if mount.SubPath == "" {
@@ -185,10 +188,10 @@ func inspect(d *appsv1.Deployment, o *Options) (*target, error) {
 			t.key = it.Key
 		}
 	}
-	if a, ok := d.Spec.Template.Annotations[Annotation]; ok {
+	if a, ok := w.template().Annotations[Annotation]; ok {
 		var r record
 		if err := json.Unmarshal([]byte(a), &r); err != nil {
-			return nil, fmt.Errorf("deployment %s/%s: annotation %s: %w", d.Namespace, d.Name, Annotation, err)
+			return nil, fmt.Errorf("%s: annotation %s: %w", ref, Annotation, err)
 		}
 		t.rec = &r
 	}
@@ -214,9 +217,9 @@ func confPath(args []string) string {
 	return ""
 }
 
-// discover finds the Deployment that the options name and inspects it.
+// discover finds the workload that the options name and inspects it.
 func (r *run) discover(ctx context.Context, c kubernetes.Interface) (*target, error) {
-	d, err := findDeployment(ctx, c, r.o)
+	d, err := findWorkload(ctx, c, r.o)
 	if err != nil {
 		return nil, err
 	}
@@ -224,6 +227,6 @@ func (r *run) discover(ctx context.Context, c kubernetes.Interface) (*target, er
 	if err != nil {
 		return nil, err
 	}
-	r.res.Deployment = d.Namespace + "/" + d.Name
+	r.res.Deployment, r.res.Kind = nsName(d), d.kind()
 	return t, nil
 }

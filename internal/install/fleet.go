@@ -326,7 +326,7 @@ func (s *StatusReport) checkFleet(ctx context.Context, c kubernetes.Interface, n
 		s.Fleet = "not known (configmap " + s.ConfigMap + " not read)"
 		return
 	}
-	cf, err := parseCorefile(cm.Data[t.key], t.mountedFiles(t.dep.Spec.Template.Spec.Volumes[t.volume], cm.Data))
+	cf, err := parseCorefile(cm.Data[t.key], t.mountedFiles(t.w.template().Spec.Volumes[t.volume], cm.Data))
 	if err != nil {
 		return
 	}

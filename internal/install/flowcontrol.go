@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dnsops/k8s_event/deploy"
+	manifests "github.com/dnsops/k8s_event/deploy"
 )
 
 // The priority level: the install puts the event writes of the workload's
@@ -36,20 +36,20 @@ const (
 )
 
 // FlowSchemaName is the name of the FlowSchema the install makes for the
-// ServiceAccount sa of namespace ns: deploy.FlowSchemaName's in
+// ServiceAccount sa of namespace ns: manifests.FlowSchemaName's in
 // kube-system, the component's, and with the namespace in it elsewhere, as
 // FlowSchemas are cluster-scoped.
 func FlowSchemaName(ns, sa string) string {
 	if ns == "kube-system" {
-		return deploy.FlowSchemaName(sa)
+		return manifests.FlowSchemaName(sa)
 	}
-	return deploy.FlowSchemaName(ns + "-" + sa)
+	return manifests.FlowSchemaName(ns + "-" + sa)
 }
 
 // flowControlObjects are the level and the FlowSchema for the ServiceAccount
 // sa of workload in ns, with the install's labels.
 func flowControlObjects(ns, workload, sa string) (*flowcontrolv1.PriorityLevelConfiguration, *flowcontrolv1.FlowSchema, error) {
-	pl, fs, err := deploy.FlowControl(ns, sa)
+	pl, fs, err := manifests.FlowControl(ns, sa)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -268,7 +268,7 @@ func (r *run) flowControlNeeds(ctx context.Context, c kubernetes.Interface, ns, 
 	for _, fs := range own {
 		out = append(out, needs("deleting flowschema "+fs.Name+" that install made", flowRight("delete", "flowschemas", fs.Name)))
 	}
-	level := deploy.PriorityLevelName
+	level := manifests.PriorityLevelName
 	return append(out, needs("deleting priority level "+level+" once no FlowSchema refers to it", flowRight("list", "flowschemas", ""),
 		flowRight("get", "prioritylevelconfigurations", level), flowRight("delete", "prioritylevelconfigurations", level)))
 }
@@ -307,7 +307,7 @@ func (r *run) flowControlRemoval(ctx context.Context, c kubernetes.Interface, ns
 // levelRemoval deletes the tool's level unless a FlowSchema other than
 // those of gone refers to it.
 func (r *run) levelRemoval(ctx context.Context, c kubernetes.Interface, gone map[string]bool, when string) error {
-	name := deploy.PriorityLevelName
+	name := manifests.PriorityLevelName
 	pl, err := c.FlowcontrolV1().PriorityLevelConfigurations().Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -358,7 +358,7 @@ func (s *StatusReport) checkFlowControl(ctx context.Context, c kubernetes.Interf
 		return err
 	}
 	s.FlowSchema = "flowschema " + name + " " + s.FlowSchema
-	level := deploy.PriorityLevelName
+	level := manifests.PriorityLevelName
 	if fsThere {
 		level = fs.Spec.PriorityLevelConfiguration.Name
 	}

@@ -9,8 +9,11 @@
 // with the template through `kubectl rollout undo` and tools that rewrite
 // the Deployment.
 //
-// A run goes through phases, one a file: discover.go finds the Deployment
-// and inspects it into a target; plan.go works out the ConfigMap, the
+// What runs CoreDNS, a Deployment or a DaemonSet, is a workload
+// (workload.go), of which deployment.go and daemonset.go are the kinds:
+// the rest of the package names neither API type. A run goes through
+// phases, one a file: discover.go finds the workload and inspects it
+// into a target; plan.go works out the ConfigMap, the
 // template, the rollout strategy and the RBAC, and refuses what must not
 // be done; apply.go makes the writes; rollout.go waits for the rollout and
 // puts back one that fails; report.go is what the run tells. run.go holds
@@ -24,7 +27,6 @@ import (
 	"io"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 )
@@ -53,8 +55,8 @@ type Options struct {
 	// app.kubernetes.io/name=coredns (the CoreDNS helm chart).
 	Deployment string
 	// Kind is the kind of the workload Deployment names: Deployment when
-	// empty, or DaemonSet (--workload daemonset/NAME), which install
-	// refuses or tells the way that works for.
+	// empty, or DaemonSet (--workload daemonset/NAME), whose rollout goes
+	// a canary first, then batch by batch.
 	Kind string
 	// Container is the CoreDNS container's name; when empty, the one
 	// named coredns, or the only one.
@@ -156,35 +158,40 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 		// Nothing rolls: finish what a run cut off after its rollout left,
 		// and prune what the dry run said it would.
 		if p.release {
-			if err := releaseFields(ctx, c, p.d.Namespace, p.d.Name); err != nil {
-				return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", p.d.Namespace, p.d.Name, err)
+			if err := releaseFields(ctx, c, p.w); err != nil {
+				return fmt.Errorf("%s: giving up the install's field ownership: %w", ref(p.w), err)
 			}
 		}
-		return r.prune(ctx, c, p.d.Namespace, p.d.Name, p.gen.Name)
+		return r.prune(ctx, c, p.w, p.gen.Name)
 	}
-	ns, name := p.d.Namespace, p.d.Name
-	verify := func(now *appsv1.Deployment) error {
-		spec := &now.Spec.Template.Spec
+	return r.rollout(ctx, c, p.before, p.strategy, p.t, installed(p, o.Image), p.gen)
+}
+
+// installed checks that the workload rolling out is the one install
+// patched.
+func installed(p *installPlan, image string) func(workload) error {
+	return func(now workload) error {
+		spec := &now.template().Spec
 		if p.t.container >= len(spec.Containers) || p.t.volume >= len(spec.Volumes) || spec.Volumes[p.t.volume].ConfigMap == nil {
-			return fmt.Errorf("deployment %s/%s changed during the rollout: its containers or volumes are not the ones install patched", ns, name)
+			return fmt.Errorf("%s changed during the rollout: its containers or volumes are not the ones install patched", ref(now))
 		}
 		img, cm := spec.Containers[p.t.container].Image, spec.Volumes[p.t.volume].ConfigMap.Name
-		if img != o.Image || cm != p.gen.Name || now.Spec.Template.Annotations[Annotation] != p.ann {
-			return fmt.Errorf("deployment %s/%s changed during the rollout%s: it runs image %s with configmap %s, not %s with %s; whatever changed it keeps CoreDNS as it wants: k8s_event is not installed", ns, name, changedBy(now, p.t), img, cm, o.Image, p.gen.Name)
+		if img != image || cm != p.gen.Name || now.template().Annotations[Annotation] != p.ann {
+			return fmt.Errorf("%s changed during the rollout%s: it runs image %s with configmap %s, not %s with %s; whatever changed it keeps CoreDNS as it wants: k8s_event is not installed", ref(now), changedBy(now, p.t), img, cm, image, p.gen.Name)
 		}
 		return nil
 	}
-	return r.rollout(ctx, c, p.before, p.strategy, p.t, verify, p.gen)
 }
 
 // lockDeployment finds the Deployment and takes the lock that keeps other
 // runs off it until unlock. A dry run takes none: held says which run
 // holds it, as the real run would be refused now.
 func lockDeployment(ctx context.Context, c kubernetes.Interface, o *Options) (unlock func(), held string, err error) {
-	d, err := findDeployment(ctx, c, o)
+	w, err := findWorkload(ctx, c, o)
 	if err != nil {
 		return nil, "", err
 	}
+	d := w.meta()
 	if missing, err := reviewAccess(ctx, c, d.Namespace, leaseNeeds(d.Name+"-k8s-event")); err == nil && len(missing) > 0 {
 		return nil, "", &RefusedError{append(missing, "nothing was changed: grant what is missing (deploy/kubectl-k8s-event/role.yaml lists what a run needs) and run again")}
 	}

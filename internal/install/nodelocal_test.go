@@ -68,12 +68,6 @@ func dsSubject(ds *appsv1.DaemonSet, cm *corev1.ConfigMap) subject {
 	return subject{kind: kindDaemonSet, meta: &ds.ObjectMeta, corefile: cm.Data["Corefile"], configMap: cm.Labels, program: programOf(&ds.Spec.Template.Spec)}
 }
 
-// asDeployment is ds's metadata and pod template as the Deployment code
-// reads them.
-func asDeployment(ds *appsv1.DaemonSet) *appsv1.Deployment {
-	return &appsv1.Deployment{ObjectMeta: ds.ObjectMeta, Spec: appsv1.DeploymentSpec{Selector: ds.Spec.Selector, Template: ds.Spec.Template}}
-}
-
 // node-local-dns is found by name, told by the node-cache it runs, and
 // read as node-cache reads it: the Corefile is the template of the
 // ConfigMap node-local-dns (key Corefile, mounted as Corefile.base), not
@@ -87,7 +81,7 @@ func TestNodeLocalDNSIsFoundAndRead(t *testing.T) {
 			if len(found) != 1 {
 				t.Fatalf("daemonSets: %d found", len(found))
 			}
-			ds := &found[0]
+			ds := found[0].(*daemon).d
 			cm, err := c.CoreV1().ConfigMaps("kube-system").Get(context.Background(), "node-local-dns", metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -96,7 +90,7 @@ func TestNodeLocalDNSIsFoundAndRead(t *testing.T) {
 			if l.name != "node-local-dns" || !l.everyBlock || !l.settleEvent || l.refused != "" {
 				t.Errorf("layout %+v, want node-local-dns", l)
 			}
-			tg, err := inspect(asDeployment(ds), &Options{})
+			tg, err := inspect(found[0], &Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,7 +98,7 @@ func TestNodeLocalDNSIsFoundAndRead(t *testing.T) {
 			if tg.key != "Corefile" || tg.conf != "/etc/coredns/Corefile.base" || tg.mountDir != "/etc/coredns" || vol.ConfigMap.Name != "node-local-dns" {
 				t.Errorf("read key %q at %q (mount %q) of configmap %s; want Corefile at /etc/coredns/Corefile.base of node-local-dns", tg.key, tg.conf, tg.mountDir, vol.ConfigMap.Name)
 			}
-			_, binding := rbacFor(asDeployment(ds), ds.Spec.Template.Spec.ServiceAccountName)
+			_, binding := rbacFor(&ds.ObjectMeta, ds.Spec.Template.Spec.ServiceAccountName)
 			if !bindsServiceAccount(binding, "kube-system", "node-local-dns") || binding.Name != "node-local-dns-k8s-event" {
 				t.Errorf("binding %s binds %s, want serviceaccount kube-system/node-local-dns", binding.Name, subjectsString(binding.Subjects))
 			}
@@ -346,7 +340,7 @@ func TestNodeCacheReleaseIsChecked(t *testing.T) {
 		"registry.example/k8s-dns-node-cache:1.26.40":                true,
 	} {
 		r := newRun(&Options{Image: img}, "install")
-		refuse, err := r.checkRelease(&target{dep: asDeployment(&appsv1.DaemonSet{})}, running)
+		refuse, err := r.checkRelease(&target{w: daemonSetOf(&appsv1.DaemonSet{})}, running)
 		if err != nil || len(refuse) > 0 || (len(r.res.Warnings) > 0) != warns {
 			t.Errorf("%s: %v, %q, warnings %q; want a warning %v", img, err, refuse, r.res.Warnings, warns)
 		}

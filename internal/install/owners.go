@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -16,34 +15,35 @@ import (
 // otherOwners says who else keeps the Deployment as they want it, and so
 // would put back, or conflict with, what an install changes: each reason
 // with the path that fits.
-func otherOwners(d *appsv1.Deployment, t *target, l *layout) []string {
+func otherOwners(w workload, t *target, l *layout) []string {
 	var reasons []string
-	ref := fmt.Sprintf("deployment %s/%s", d.Namespace, d.Name)
+	ref := ref(w)
+	d := w.meta()
 	if rel := d.Annotations["meta.helm.sh/release-name"]; rel != "" || d.Labels["app.kubernetes.io/managed-by"] == "Helm" {
 		if rel == "" {
 			rel = d.Labels["app.kubernetes.io/instance"]
 		}
 		reasons = append(reasons, fmt.Sprintf("%s belongs to the helm release %q (app.kubernetes.io/managed-by: Helm): the next helm upgrade puts back the chart's image and Corefile, and helm 4, which applies server-side, stops on a conflict; set it in the chart's values instead: image.repository and image.tag, k8s_event in servers[].plugins, the four downward-API variables in env (chart 1.36.0 or later), and an events Role and RoleBinding from outside the chart", ref, rel))
 	}
-	if key := withPrefix(d.ObjectMeta, "argocd.argoproj.io/"); key != "" {
+	if key := withPrefix(*d, "argocd.argoproj.io/"); key != "" {
 		reasons = append(reasons, fmt.Sprintf("%s is synced by Argo CD (%s): a sync puts back its image and Corefile; change the Application's source instead, for example with the kustomize component deploy/k8s_event/component", ref, key))
 	}
 	for _, p := range []string{"kustomize.toolkit.fluxcd.io/", "helm.toolkit.fluxcd.io/"} {
-		if key := withPrefix(d.ObjectMeta, p); key != "" {
+		if key := withPrefix(*d, p); key != "" {
 			reasons = append(reasons, fmt.Sprintf("%s is reconciled by Flux (%s): the next reconciliation puts back its image and Corefile; change the source Flux applies instead, for example with the kustomize component deploy/k8s_event/component", ref, key))
 		}
 	}
-	if key := withPrefix(d.ObjectMeta, "objectset.rio.cattle.io/"); key != "" {
+	if key := withPrefix(*d, "objectset.rio.cattle.io/"); key != "" {
 		reasons = append(reasons, fmt.Sprintf("%s is applied by the k3s (or RKE2) deploy controller (%s), which puts back its manifest; on k3s, disable the packaged CoreDNS (--disable coredns) and run your own", ref, key))
 	}
-	if held := lastApplied(d, t); len(held) > 0 {
+	if held := lastApplied(w, t); len(held) > 0 {
 		if who := applyingController(d); who != "" {
 			reasons = append(reasons, fmt.Sprintf("%s is applied client-side by %s, and its last-applied configuration holds %s: the next sync puts back what install sets; change the Application's source instead, for example with the kustomize component deploy/k8s_event/component", ref, who, strings.Join(held, " and ")))
 		}
 	}
 	if t != nil {
-		ctr := d.Spec.Template.Spec.Containers[t.container].Name
-		vol := d.Spec.Template.Spec.Volumes[t.volume].Name
+		ctr := w.template().Spec.Containers[t.container].Name
+		vol := w.template().Spec.Volumes[t.volume].Name
 		for _, m := range d.ManagedFields {
 			if m.Operation != metav1.ManagedFieldsOperationApply || m.Manager == FieldManager || m.FieldsV1 == nil {
 				continue
@@ -105,8 +105,9 @@ func ownsField(raw []byte, path ...string) bool {
 }
 
 // changedBy names who last set the fields install sets, other than install.
-func changedBy(d *appsv1.Deployment, t *target) string {
-	spec := &d.Spec.Template.Spec
+func changedBy(w workload, t *target) string {
+	d := w.meta()
+	spec := &w.template().Spec
 	if t.container >= len(spec.Containers) {
 		return ""
 	}
@@ -133,18 +134,18 @@ func changedBy(d *appsv1.Deployment, t *target) string {
 // lastApplied names the fields install sets that the Deployment's
 // last-applied configuration (kubectl apply's, client-side) holds: the
 // next apply of that configuration puts them back.
-func lastApplied(d *appsv1.Deployment, t *target) []string {
-	raw := d.Annotations[corev1.LastAppliedConfigAnnotation]
+func lastApplied(w workload, t *target) []string {
+	raw := w.meta().Annotations[corev1.LastAppliedConfigAnnotation]
 	if raw == "" || t == nil {
 		return nil
 	}
-	var applied appsv1.Deployment
-	if json.Unmarshal([]byte(raw), &applied) != nil {
+	applied, ok := lastAppliedTemplate(raw)
+	if !ok {
 		return nil
 	}
-	ctr := d.Spec.Template.Spec.Containers[t.container].Name
-	vol := d.Spec.Template.Spec.Volumes[t.volume].Name
-	spec := applied.Spec.Template.Spec
+	ctr := w.template().Spec.Containers[t.container].Name
+	vol := w.template().Spec.Volumes[t.volume].Name
+	spec := applied.Spec
 	var held []string
 	if slices.ContainsFunc(spec.Containers, func(c corev1.Container) bool { return c.Name == ctr && c.Image != "" }) {
 		held = append(held, "the image")
@@ -158,7 +159,7 @@ func lastApplied(d *appsv1.Deployment, t *target) []string {
 // applyingController names the controller that keeps applying the
 // Deployment client-side: Argo CD, by an argocd-* field manager or its
 // tracking label, or "" for none known.
-func applyingController(d *appsv1.Deployment) string {
+func applyingController(d *metav1.ObjectMeta) string {
 	for _, m := range d.ManagedFields {
 		if strings.HasPrefix(m.Manager, "argocd") {
 			return fmt.Sprintf("Argo CD (field manager %q)", m.Manager)

@@ -12,14 +12,12 @@ import (
 	"sort"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 )
 
 // GeneratedName is the name of the ConfigMap with data and binary made
@@ -70,19 +68,19 @@ func contentHash(data map[string]string, binary map[string][]byte) string {
 
 // installPlan is what an install changes, worked out before anything is.
 type installPlan struct {
-	d        *appsv1.Deployment
+	w        workload
 	t        *target
 	gen      *corev1.ConfigMap
 	genThere bool
 	ann      string
 	rbac     []rbacStep
 	patch    *patch
-	strategy *appsv1.DeploymentStrategy // temporary, for the rollout; nil: the operator's
-	// before is the Deployment as the operator has it (operatorView);
+	strategy bool // temporary rollout settings; false: the operator's
+	// before is the workload as the operator has it (operatorView);
 	// finish, that the template is installed already but a run cut off
 	// during its rollout left its temporary strategy: the rollout is
 	// waited for, and the operator's strategy put back.
-	before *appsv1.Deployment
+	before workload
 	finish bool
 	// release, that nothing rolls but a run cut off after its rollout
 	// left the fields it set owned by the install: they are given up.
@@ -121,9 +119,9 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 	if err := otherInstall(t, src, cf); err != nil {
 		return nil, err
 	}
-	r.planFleet(kindDeployment, int(ptrOr(t.dep.Spec.Replicas, 1)), cf)
+	r.planFleet(t.w.kind(), int(t.w.replicas()), cf)
 	refuse = append(refuse, r.extraKeyRefusals(src, orig)...)
-	p := &installPlan{d: t.dep, t: t}
+	p := &installPlan{w: t.w, t: t}
 	if p.gen, err = r.planConfigMap(t, orig, src, cf, m); err != nil {
 		return nil, err
 	}
@@ -131,8 +129,7 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 	if err != nil {
 		return nil, err
 	}
-	refuse = append(refuse, r.planStrategy(p, want)...)
-	refuse = append(refuse, r.checkSurge(ctx, c, p, want)...)
+	refuse = append(refuse, r.planStrategy(ctx, c, p, want)...)
 	if len(refuse) > 0 {
 		return nil, &RefusedError{refuse}
 	}
@@ -142,10 +139,10 @@ func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*install
 	return p, nil
 }
 
-// ownerRefusals are why the install must leave the Deployment alone:
+// ownerRefusals are why the install must leave the workload alone:
 // another owner keeps it (with Force, a warning), or it is paused.
 func (r *run) ownerRefusals(t *target, l *layout) []string {
-	d := t.dep
+	d := t.w
 	var refuse []string
 	for _, why := range otherOwners(d, t, l) {
 		if r.o.Force {
@@ -154,36 +151,36 @@ func (r *run) ownerRefusals(t *target, l *layout) []string {
 			refuse = append(refuse, why)
 		}
 	}
-	if held := lastApplied(d, t); len(held) > 0 && applyingController(d) == "" {
-		r.warn(fmt.Sprintf("deployment %s/%s was applied with kubectl apply, and its last-applied configuration holds %s: applying that manifest again puts back what install sets; change it there too", d.Namespace, d.Name, strings.Join(held, " and ")))
+	if held := lastApplied(d, t); len(held) > 0 && applyingController(d.meta()) == "" {
+		r.warn(fmt.Sprintf("%s was applied with kubectl apply, and its last-applied configuration holds %s: applying that manifest again puts back what install sets; change it there too", ref(d), strings.Join(held, " and ")))
 	}
-	if d.Spec.Paused {
-		refuse = append(refuse, fmt.Sprintf("deployment %s/%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume deployment/%s first", d.Namespace, d.Name, d.Namespace, d.Name))
+	if d.paused() {
+		refuse = append(refuse, fmt.Sprintf("%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume %s first", ref(d), d.meta().Namespace, kubectlRef(d)))
 	}
 	return refuse
 }
 
 // sourceConfigMap is the operator's ConfigMap that the Corefile comes from.
 func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, orig original) (*corev1.ConfigMap, error) {
-	ns := t.dep.Namespace
+	ns := t.w.meta().Namespace
 	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, orig.Volume.ConfigMap.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("the Corefile's ConfigMap: %w", err)
 	}
 	if _, ok := src.Data[t.key]; !ok {
-		return nil, fmt.Errorf("ConfigMap %s/%s has no key %q, which the Deployment reads as its Corefile", ns, src.Name, t.key)
+		return nil, fmt.Errorf("ConfigMap %s/%s has no key %q, which the %s reads as its Corefile", ns, src.Name, t.key, t.w.kind())
 	}
 	return src, nil
 }
 
-// layout tells the Deployment's layout, and refuses the layouts the tool
+// layout tells the workload's layout, and refuses the layouts the tool
 // leaves alone.
 func (r *run) layout(t *target, src *corev1.ConfigMap) (*layout, error) {
-	l := layoutOf(subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, corefile: src.Data[t.key], configMap: src.Labels, program: programOf(&t.dep.Spec.Template.Spec)})
+	l := layoutOf(subject{kind: t.w.kind(), meta: t.w.meta(), corefile: src.Data[t.key], configMap: src.Labels, program: programOf(&t.w.template().Spec)})
 	r.res.Layout = l.name
 	t.layout = l
 	if l.refused != "" {
-		return nil, &RefusedError{[]string{fmt.Sprintf("deployment %s/%s: %s", t.dep.Namespace, t.dep.Name, l.refused)}}
+		return nil, &RefusedError{[]string{fmt.Sprintf("%s: %s", ref(t.w), l.refused)}}
 	}
 	if err := r.imageRefusal(l); err != nil {
 		return nil, err
@@ -216,7 +213,7 @@ func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
 // planConfigMap is the ConfigMap the pods will read: the operator's, with
 // kubeapi and k8s_event in the Corefile, named by its content.
 func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap, cf *corefileText, m *mountedFiles) (*corev1.ConfigMap, error) {
-	d, ns := t.dep, t.dep.Namespace
+	d, ns := t.w.meta(), t.w.meta().Namespace
 	out, err := cf.withPlugins(r.options(), m)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
@@ -248,7 +245,7 @@ func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap, cf 
 			Namespace: ns,
 			Labels:    map[string]string{DeploymentLabel: d.Name, managedByLabel: FieldManager},
 			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID,
+				APIVersion: "apps/v1", Kind: t.w.kind(), Name: d.Name, UID: d.UID,
 			}},
 		},
 		Data:       data,
@@ -307,18 +304,18 @@ func mounts(vol corev1.Volume, key string) bool {
 	return len(items) == 0 || slices.ContainsFunc(items, func(it corev1.KeyToPath) bool { return it.Key == key })
 }
 
-// planTemplate is the Deployment with the install's image, variables,
+// planTemplate is the workload with the install's image, variables,
 // ConfigMap and record in its pod template.
-func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap) (*appsv1.Deployment, error) {
-	d, t, o := p.d, p.t, r.o
+func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap) (workload, error) {
+	d, t, o := p.w, p.t, r.o
 	rec := record{Image: o.Image, ConfigMap: p.gen.Name, Source: mountedHash(orig.Volume, src.Data, src.BinaryData), Original: orig}
 	ann, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
 	}
 	p.ann = string(ann)
-	want := d.DeepCopy()
-	tmpl := &want.Spec.Template
+	want := d.copyOf()
+	tmpl := want.template()
 	if tmpl.Annotations == nil {
 		tmpl.Annotations = map[string]string{}
 	}
@@ -329,67 +326,64 @@ func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap)
 	vol := orig.Volume.DeepCopy()
 	vol.ConfigMap.Name = p.gen.Name
 	tmpl.Spec.Volumes[t.volume] = *vol
-	r.res.ImageBefore, r.res.ImageAfter = d.Spec.Template.Spec.Containers[t.container].Image, o.Image
+	r.res.ImageBefore, r.res.ImageAfter = d.template().Spec.Containers[t.container].Image, o.Image
 	return want, nil
 }
 
-// planStrategy decides how the pods roll: with the Deployment's own
-// strategy, or a temporary one that keeps the Ready pods at their count.
-// It returns why the rollout must not start.
-func (r *run) planStrategy(p *installPlan, want *appsv1.Deployment) []string {
-	d, o := p.d, r.o
-	p.before = operatorView(d)
-	if rec, _ := recordedStrategy(d); rec != nil && rec.stale(d) {
-		r.warn(fmt.Sprintf("deployment %s/%s: the strategy was set since a run that was cut off recorded it (annotation %s): the strategy set since is kept, and the record dropped", d.Namespace, d.Name, StrategyAnnotation))
+// planStrategy decides how the pods roll: with the workload's own
+// rollout settings, or temporary ones (planRollout). It returns why the
+// rollout must not start.
+func (r *run) planStrategy(ctx context.Context, c kubernetes.Interface, p *installPlan, want workload) []string {
+	d, o := p.w, r.o
+	p.before = d.operatorView()
+	if rec, _ := recordedStrategy(d.meta()); rec != nil && p.before != d && equalJSON(p.before.object(), operatorRecordDropped(d)) {
+		r.warn(fmt.Sprintf("%s: the strategy was set since a run that was cut off recorded it (annotation %s): the strategy set since is kept, and the record dropped", ref(d), StrategyAnnotation))
 	}
-	if equality.Semantic.DeepEqual(d.Spec.Template, want.Spec.Template) {
-		r.res.Rollout = "none: the Deployment has k8s_event already"
-		p.release = fieldsHeld(d)
+	if equality.Semantic.DeepEqual(*d.template(), *want.template()) {
+		r.res.Rollout = "none: the " + d.kind() + " has k8s_event already"
+		p.release = fieldsHeld(d.meta())
 		if p.before != d {
-			p.finish, p.strategy = true, d.Spec.Strategy.DeepCopy()
-			r.res.Rollout = "none to start: " + interruptedRollout(d)
+			p.finish, p.strategy = true, true
+			r.res.Rollout = "none to start: " + d.interruptedRollout()
 		}
 		return nil
 	}
-	tmp, avail := safeRollout(p.before)
-	r.res.Rollout = avail
 	var refuse []string
-	if tmp != nil && o.Wait <= 0 {
-		why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 install does not wait, so it could not put back a temporary strategy", avail)
-		if !o.Force {
-			refuse = append(refuse, why+": give a --timeout, or --force to roll with the Deployment's own strategy")
-		} else {
-			r.warn("--force: " + why)
-		}
-		tmp = nil
-		r.res.Rollout = "with the Deployment's own strategy (--force)"
-	}
-	setRolloutStrategy(want, p.before, tmp, settleFor(p.before, o))
-	p.strategy = tmp
+	p.strategy, refuse = p.before.planRollout(ctx, c, r, want, settleFor(p.before, o))
 	return refuse
 }
 
-// planWrites works out the RBAC, the Deployment's patch, whether the
+// operatorRecordDropped is d without its record of the operator's
+// settings, and with its live ones: what operatorView gives when the
+// record is stale.
+func operatorRecordDropped(d workload) runtime.Object {
+	v := d.copyOf()
+	delete(v.meta().Annotations, StrategyAnnotation)
+	return v.object()
+}
+
+// planWrites works out the RBAC, the workload's patch, whether the
 // ConfigMap is there already, and which ConfigMaps go after the rollout.
-func (r *run) planWrites(ctx context.Context, c kubernetes.Interface, p *installPlan, want *appsv1.Deployment) error {
-	d, gen, ns := p.d, p.gen, p.d.Namespace
-	sa := d.Spec.Template.Spec.ServiceAccountName
+func (r *run) planWrites(ctx context.Context, c kubernetes.Interface, p *installPlan, want workload) error {
+	d, gen := p.w, p.gen
+	ns := d.meta().Namespace
+	sa := d.template().Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
 	}
-	role, binding := rbacFor(d, sa)
+	role, binding := rbacFor(d.meta(), sa)
 	var err error
-	if p.rbac, err = planRBAC(ctx, c, role, binding, d.Name); err != nil {
+	if p.rbac, err = planRBAC(ctx, c, role, binding, d.meta().Name); err != nil {
 		return err
 	}
-	if p.rbac, err = r.planExtras(ctx, c, p.rbac, ns, d.Name, kindDeployment, sa); err != nil {
+	if p.rbac, err = r.planExtras(ctx, c, p.rbac, ns, d.meta().Name, d.kind(), sa); err != nil {
 		return err
 	}
-	if p.patch, err = deploymentPatch(d, want); err != nil {
+	if p.patch, err = workloadPatch(d, want); err != nil {
 		return err
 	}
 	switch have, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); {
-	case err == nil && (!ours(have.ObjectMeta, d.Name) || mountedHash(p.t.current().Volume, have.Data, have.BinaryData) != mountedHash(p.t.current().Volume, gen.Data, gen.BinaryData)):
+	case err == nil && (!ours(have.ObjectMeta, d.meta().Name) || mountedHash(p.t.current().Volume, have.Data, have.BinaryData) != mountedHash(p.t.current().Volume, gen.Data, gen.BinaryData)):
 		return &RefusedError{[]string{fmt.Sprintf("configmap %s/%s is there and is not what install would write (its labels or its content differ): the pods would read it; delete it, or rename it, and run install again", ns, gen.Name)}}
 	case err == nil:
 		p.genThere = true
@@ -409,44 +403,4 @@ func equalJSON(a, b any) bool {
 type patch struct {
 	body    []byte // with the resourceVersion it applies to
 	display []byte // YAML, without it
-}
-
-// deploymentPatch is the strategic merge patch from have to want, or nil
-// when they are the same. It carries have's resourceVersion, so that it
-// applies only to the object it was made from.
-func deploymentPatch(have, want *appsv1.Deployment) (*patch, error) {
-	a, err := json.Marshal(have)
-	if err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(want)
-	if err != nil {
-		return nil, err
-	}
-	p, err := strategicpatch.CreateTwoWayMergePatch(a, b, appsv1.Deployment{})
-	if err != nil {
-		return nil, err
-	}
-	if string(p) == "{}" {
-		return nil, nil
-	}
-	display, err := yaml.JSONToYAML(p)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(p, &m); err != nil {
-		return nil, err
-	}
-	meta, _ := m["metadata"].(map[string]any)
-	if meta == nil {
-		meta = map[string]any{}
-		m["metadata"] = meta
-	}
-	meta["resourceVersion"] = have.ResourceVersion
-	body, err := json.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	return &patch{body: body, display: display}, nil
 }

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,11 +21,11 @@ func ours(m metav1.ObjectMeta, deployment string) bool {
 	return m.Labels[managedByLabel] == FieldManager && m.Labels[DeploymentLabel] == deployment
 }
 
-func rbacFor(d *appsv1.Deployment, sa string) (*rbacv1.Role, *rbacv1.RoleBinding) {
+func rbacFor(d metav1.Object, sa string) (*rbacv1.Role, *rbacv1.RoleBinding) {
 	meta := metav1.ObjectMeta{
-		Name:      d.Name + "-k8s-event",
-		Namespace: d.Namespace,
-		Labels:    map[string]string{DeploymentLabel: d.Name, managedByLabel: FieldManager},
+		Name:      d.GetName() + "-k8s-event",
+		Namespace: d.GetNamespace(),
+		Labels:    map[string]string{DeploymentLabel: d.GetName(), managedByLabel: FieldManager},
 	}
 	role := &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
@@ -37,7 +36,7 @@ func rbacFor(d *appsv1.Deployment, sa string) (*rbacv1.Role, *rbacv1.RoleBinding
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
 		ObjectMeta: *meta.DeepCopy(),
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: meta.Name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: d.Namespace}},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: d.GetNamespace()}},
 	}
 	return role, binding
 }

@@ -51,7 +51,7 @@ type original struct {
 // else has set since the install (kubeadm, a helm upgrade) are kept as
 // they are now.
 func (t *target) current() original {
-	spec := &t.dep.Spec.Template.Spec
+	spec := &t.w.template().Spec
 	c := spec.Containers[t.container]
 	o := original{Image: c.Image, Volume: *spec.Volumes[t.volume].DeepCopy()}
 	r := t.rec
@@ -114,8 +114,8 @@ func notOurs(env []corev1.EnvVar) []corev1.EnvVar {
 // means, whole or in part (k8s_event in its Corefile and any of the four
 // variables): its image and Corefile are not the originals to record.
 func otherInstall(t *target, src *corev1.ConfigMap, cf *corefileText) error {
-	d := t.dep
-	ctr := d.Spec.Template.Spec.Containers[t.container]
+	d := t.w
+	ctr := d.template().Spec.Containers[t.container]
 	var have, missing []string
 	for _, e := range Env {
 		if slices.ContainsFunc(ctr.Env, func(v corev1.EnvVar) bool { return v.Name == e.Name }) {
@@ -131,5 +131,5 @@ func otherInstall(t *target, src *corev1.ConfigMap, cf *corefileText) error {
 	if len(missing) > 0 {
 		vars = fmt.Sprintf("%s but not %s: a partial install", strings.Join(have, ", "), strings.Join(missing, ", "))
 	}
-	return &RefusedError{[]string{fmt.Sprintf("deployment %s/%s runs k8s_event already, set up by other means (its Corefile, configmap %s, has k8s_event and its container %s; image %s): install would take that image and Corefile for the stock ones; change it where it was set up (for example the kustomize component deploy/k8s_event/component)", d.Namespace, d.Name, src.Name, vars, ctr.Image)}}
+	return &RefusedError{[]string{fmt.Sprintf("%s runs k8s_event already, set up by other means (its Corefile, configmap %s, has k8s_event and its container %s; image %s): install would take that image and Corefile for the stock ones; change it where it was set up (for example the kustomize component deploy/k8s_event/component)", ref(d), src.Name, vars, ctr.Image)}}
 }

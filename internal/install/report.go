@@ -11,6 +11,9 @@ type Result struct {
 	Command    string `json:"command"`
 	DryRun     bool   `json:"dryRun"`
 	Deployment string `json:"deployment,omitempty"`
+	// Kind is the kind of the workload that runs CoreDNS: Deployment or
+	// DaemonSet.
+	Kind string `json:"kind,omitempty"`
 	// Layout is how the cluster runs CoreDNS (see StatusReport.Layout).
 	Layout string `json:"layout,omitempty"`
 	// ImageBefore and ImageAfter are the CoreDNS images before and after.

@@ -10,107 +10,24 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 )
 
-// safeRollout decides how the rollout keeps the Ready pods the Deployment
-// has: when its own strategy may take them below that count (the helm
-// chart's one replica with maxUnavailable 1, kubeadm's two with 1,
-// Recreate), the rollout runs with a temporary strategy that adds a pod
-// before it takes one away, and the operator's is put back after. It
-// returns that strategy (nil when the operator's is safe) and what the
-// rollout does to availability.
-func safeRollout(d *appsv1.Deployment) (*appsv1.DeploymentStrategy, string) {
-	replicas := ptrOr(d.Spec.Replicas, 1)
-	// Mid-rollout there may be more Ready pods than replicas; the
-	// Deployment keeps no more than its replicas in the end.
-	ready := min(d.Status.ReadyReplicas, replicas)
-	s := d.Spec.Strategy
-	unavailable, surge := int32(0), int32(0)
-	switch s.Type {
-	case appsv1.RecreateDeploymentStrategyType:
-		unavailable = replicas
-	default:
-		mu, ms := intstr.FromString("25%"), intstr.FromString("25%")
-		if s.RollingUpdate != nil && s.RollingUpdate.MaxUnavailable != nil {
-			mu = *s.RollingUpdate.MaxUnavailable
-		}
-		if s.RollingUpdate != nil && s.RollingUpdate.MaxSurge != nil {
-			ms = *s.RollingUpdate.MaxSurge
-		}
-		u, _ := intstr.GetScaledValueFromIntOrPercent(&mu, int(replicas), false)
-		g, _ := intstr.GetScaledValueFromIntOrPercent(&ms, int(replicas), true)
-		unavailable, surge = int32(u), int32(g)
-	}
-	floor := max(replicas-unavailable, 0)
-	if floor >= ready {
-		return nil, fmt.Sprintf("%d Ready of %d replicas; the Deployment's strategy keeps at least %d available: as it is", ready, replicas, floor)
-	}
-	surge = max(surge, 1)
-	tmp := &appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
-		MaxUnavailable: ptrTo(intstr.FromInt32(0)), MaxSurge: ptrTo(intstr.FromInt32(surge)),
-	}}
-	return tmp, fmt.Sprintf("%d Ready of %d replicas; the Deployment's strategy (%s) could leave %d available, so the rollout runs with maxSurge %d, maxUnavailable 0 (no pod goes before its replacement is Ready), and the strategy is put back after", ready, replicas, strategyString(s), floor, surge)
-}
-
-func strategyString(s appsv1.DeploymentStrategy) string {
-	if s.Type == appsv1.RecreateDeploymentStrategyType {
-		return "Recreate"
-	}
-	mu, ms := "25%", "25%"
-	if s.RollingUpdate != nil && s.RollingUpdate.MaxUnavailable != nil {
-		mu = s.RollingUpdate.MaxUnavailable.String()
-	}
-	if s.RollingUpdate != nil && s.RollingUpdate.MaxSurge != nil {
-		ms = s.RollingUpdate.MaxSurge.String()
-	}
-	return fmt.Sprintf("RollingUpdate, maxSurge %s, maxUnavailable %s", ms, mu)
-}
-
-// strategyPatch is the merge patch that sets the strategy to s.
-func strategyPatch(op *appsv1.Deployment) []byte {
-	s := op.Spec.Strategy
-	m := map[string]any{"type": s.Type}
-	if s.RollingUpdate != nil {
-		m["rollingUpdate"] = s.RollingUpdate
-	} else {
-		m["rollingUpdate"] = nil
-	}
-	if s.Type == "" {
-		m["type"] = nil
-	}
-	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{StrategyAnnotation: nil}}, "spec": map[string]any{"strategy": m, "minReadySeconds": op.Spec.MinReadySeconds}})
-	return b
-}
-
-// setStrategy puts s back as the Deployment's strategy.
-func setStrategy(ctx context.Context, c kubernetes.Interface, op *appsv1.Deployment) error {
-	_, err := c.AppsV1().Deployments(op.Namespace).Patch(ctx, op.Name, types.MergePatchType, strategyPatch(op), metav1.PatchOptions{FieldManager: FieldManager})
-	return err
-}
-
-// strategyCommand is the command that puts s back.
-func strategyCommand(op *appsv1.Deployment) string {
-	return fmt.Sprintf("kubectl -n %s patch deployment %s --type=merge -p '%s'", op.Namespace, op.Name, strategyPatch(op))
-}
-
-// waitRollout waits, for up to within, until every replica of the
-// Deployment runs its current template and is available. On time out it
-// says why the new pods are not Ready. With t, a container of the new
-// template that restarts fails the wait at once.
-func waitRollout(ctx context.Context, c kubernetes.Interface, ns, name string, within time.Duration, t *target) (*appsv1.Deployment, error) {
-	var last *appsv1.Deployment
+// waitRollout waits, for up to within, until every pod of the workload w
+// runs its current template and is available. On time out it says why
+// the new pods are not Ready. With t, a container of the new template
+// that restarts fails the wait at once.
+func waitRollout(ctx context.Context, c kubernetes.Interface, w workload, within time.Duration, t *target) (workload, error) {
+	var last workload
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
-		d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		d, err := w.get(ctx, c)
 		if err != nil {
 			return false, stopOn(err)
 		}
@@ -120,7 +37,7 @@ func waitRollout(ctx context.Context, c kubernetes.Interface, ns, name string, w
 				return false, err
 			}
 		}
-		return RolledOut(d), nil
+		return d.rolledOut(), nil
 	})
 	if err == nil {
 		return last, nil
@@ -130,28 +47,24 @@ func waitRollout(ctx context.Context, c kubernetes.Interface, ns, name string, w
 	}
 	st := ""
 	if last != nil {
-		st = fmt.Sprintf(": %d replicas, %d updated, %d available", last.Status.Replicas, last.Status.UpdatedReplicas, last.Status.AvailableReplicas)
+		st = ": " + last.progress()
 		if why := podTrouble(context.WithoutCancel(ctx), c, last); len(why) > 0 {
 			st += "; " + strings.Join(why, "; ")
 		}
 	}
-	return last, fmt.Errorf("deployment %s/%s did not roll out within %v%s", ns, name, within, st)
+	return last, fmt.Errorf("%s did not roll out within %v%s", ref(w), within, st)
 }
 
-// podTrouble says why the Deployment's pods that are not Ready are not.
-func podTrouble(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) []string {
+// podTrouble says why the workload's pods that are not Ready are not.
+func podTrouble(ctx context.Context, c kubernetes.Interface, w workload) []string {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-	if err != nil {
-		return nil
-	}
-	pods, err := c.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	list, err := pods(ctx, c, w)
 	if err != nil {
 		return nil
 	}
 	var why []string
-	for _, p := range pods.Items {
+	for _, p := range list {
 		if podReady(&p) || p.DeletionTimestamp != nil {
 			continue
 		}
@@ -166,7 +79,7 @@ func podTrouble(ctx context.Context, c kubernetes.Interface, d *appsv1.Deploymen
 				s = append(s, fmt.Sprintf("container %s running, not ready (restarts %d)", cs.Name, cs.RestartCount))
 			}
 		}
-		evs, err := c.CoreV1().Events(d.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name + ",type=Warning"})
+		evs, err := c.CoreV1().Events(p.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name + ",type=Warning"})
 		if err == nil && len(evs.Items) > 0 {
 			sort.Slice(evs.Items, func(i, j int) bool { return evs.Items[i].LastTimestamp.Before(&evs.Items[j].LastTimestamp) })
 			e := evs.Items[len(evs.Items)-1]
@@ -189,54 +102,51 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// RolledOut reports whether every replica of d runs its current template
-// and is available, as `kubectl rollout status` tells.
-func RolledOut(d *appsv1.Deployment) bool {
-	want := ptrOr(d.Spec.Replicas, 1)
-	s := d.Status
-	return s.ObservedGeneration >= d.Generation && s.UpdatedReplicas == want && s.Replicas == want && s.AvailableReplicas == want
-}
-
-// putBack patches back to before's what the run sets in the Deployment's
+// putBack patches back to before's what the run sets in the workload's
 // template (the image and variables of t's container, the config volume,
 // the record), keeping what others changed meanwhile and the strategy it
 // has now, and waits for that rollout.
-func putBack(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, t *target, within time.Duration) error {
-	ns, name := before.Namespace, before.Name
+func putBack(ctx context.Context, c kubernetes.Interface, before workload, t *target, within time.Duration) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		now, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		now, err := before.get(ctx, c)
 		if err != nil {
 			return err
 		}
-		p, err := deploymentPatch(now, putBackTemplate(now, before, t))
+		p, err := workloadPatch(now, putBackTemplate(now, before, t))
 		if err != nil || p == nil {
 			return err
 		}
-		_, err = c.AppsV1().Deployments(ns).Patch(ctx, name, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager})
-		return err
+		return now.patch(ctx, c, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager})
 	})
 	if err != nil {
 		return err
 	}
-	_, err = waitRollout(ctx, c, ns, name, within, nil)
+	now, err := before.get(ctx, c)
+	if err != nil {
+		return err
+	}
+	if err := now.replaceStale(ctx, c, t); err != nil {
+		return err
+	}
+	_, err = waitRollout(ctx, c, before, within, nil)
 	return err
 }
 
 // putBackTemplate is now with what the run sets in the template (see
 // putBack) as before has it; without t, or where the container or the
 // volume is no longer found by name, before's whole template.
-func putBackTemplate(now, before *appsv1.Deployment, t *target) *appsv1.Deployment {
-	want := now.DeepCopy()
-	tmpl, was := &want.Spec.Template, &before.Spec.Template
+func putBackTemplate(now, before workload, t *target) workload {
+	want := now.copyOf()
+	tmpl, was := want.template(), before.template()
 	if t == nil || t.container >= len(was.Spec.Containers) || t.volume >= len(was.Spec.Volumes) {
-		want.Spec.Template = *was.DeepCopy()
+		*tmpl = *was.DeepCopy()
 		return want
 	}
 	old, vol := was.Spec.Containers[t.container], was.Spec.Volumes[t.volume]
 	ci := slices.IndexFunc(tmpl.Spec.Containers, func(c corev1.Container) bool { return c.Name == old.Name })
 	vi := slices.IndexFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == vol.Name })
 	if ci < 0 || vi < 0 {
-		want.Spec.Template = *was.DeepCopy()
+		*tmpl = *was.DeepCopy()
 		return want
 	}
 	ctr := &tmpl.Spec.Containers[ci]
@@ -253,16 +163,17 @@ func putBackTemplate(now, before *appsv1.Deployment, t *target) *appsv1.Deployme
 	return want
 }
 
-// releaseFields drops the install's entries from the Deployment's
+// releaseFields drops the install's entries from the workload's
 // managedFields: what it set stays, owned by nobody, so that whoever
-// applies the Deployment server-side next (helm 4, kubectl apply
+// applies the workload server-side next (helm 4, kubectl apply
 // --server-side) sets those fields without a conflict.
-func releaseFields(ctx context.Context, c kubernetes.Interface, ns, name string) error {
+func releaseFields(ctx context.Context, c kubernetes.Interface, w workload) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		now, err := w.get(ctx, c)
 		if err != nil {
 			return err
 		}
+		d := now.meta()
 		var keep []metav1.ManagedFieldsEntry
 		for _, m := range d.ManagedFields {
 			if m.Manager != FieldManager {
@@ -278,25 +189,25 @@ func releaseFields(ctx context.Context, c kubernetes.Interface, ns, name string)
 		if err != nil {
 			return err
 		}
-		_, err = c.AppsV1().Deployments(ns).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
-		return err
+		return now.patch(ctx, c, types.MergePatchType, body, metav1.PatchOptions{})
 	})
 }
 
 // fieldsHeld reports whether the install still owns fields of d beside
 // another manager: a run was cut off after its rollout, before it gave
 // them up (releaseFields), and the next server-side apply conflicts.
-func fieldsHeld(d *appsv1.Deployment) bool {
-	ours := slices.ContainsFunc(d.ManagedFields, func(m metav1.ManagedFieldsEntry) bool { return m.Manager == FieldManager })
-	others := slices.ContainsFunc(d.ManagedFields, func(m metav1.ManagedFieldsEntry) bool { return m.Manager != FieldManager })
+func fieldsHeld(d metav1.Object) bool {
+	ours := slices.ContainsFunc(d.GetManagedFields(), func(m metav1.ManagedFieldsEntry) bool { return m.Manager == FieldManager })
+	others := slices.ContainsFunc(d.GetManagedFields(), func(m metav1.ManagedFieldsEntry) bool { return m.Manager != FieldManager })
 	return ours && others
 }
 
-// unusedConfigMaps are the Corefile ConfigMaps made for the Deployment
-// that neither it nor any of its ReplicaSets refers to, besides keep:
-// `kubectl rollout undo` to any revision kept finds the Corefile that
-// revision reads.
-func unusedConfigMaps(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, keep string) ([]string, error) {
+// unusedConfigMaps are the Corefile ConfigMaps made for the workload
+// that neither it nor any of the revisions its controller keeps refers
+// to, besides keep: `kubectl rollout undo` to any revision kept finds the
+// Corefile that revision reads.
+func unusedConfigMaps(ctx context.Context, c kubernetes.Interface, w workload, keep string) ([]string, error) {
+	d := w.meta()
 	ns := d.Namespace
 	cms, err := c.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: DeploymentLabel + "=" + d.Name})
 	if err != nil {
@@ -317,17 +228,13 @@ func unusedConfigMaps(ctx context.Context, c kubernetes.Interface, d *appsv1.Dep
 			}
 		}
 	}
-	refs(&d.Spec.Template.Spec)
-	rss, err := c.AppsV1().ReplicaSets(ns).List(ctx, metav1.ListOptions{})
+	refs(&w.template().Spec)
+	revs, err := w.revisions(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	for _, rs := range rss.Items {
-		for _, ref := range rs.OwnerReferences {
-			if ref.UID == d.UID {
-				refs(&rs.Spec.Template.Spec)
-			}
-		}
+	for i := range revs {
+		refs(&revs[i].Spec)
 	}
 	var out []string
 	for _, cm := range cms.Items {
@@ -340,17 +247,18 @@ func unusedConfigMaps(ctx context.Context, c kubernetes.Interface, d *appsv1.Dep
 }
 
 // prune deletes the Corefile ConfigMaps nothing reads any more.
-func (r *run) prune(ctx context.Context, c kubernetes.Interface, ns, name, keep string) error {
-	d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+func (r *run) prune(ctx context.Context, c kubernetes.Interface, w workload, keep string) error {
+	d, err := w.get(ctx, c)
 	if err != nil {
 		return err
 	}
+	ns, name := w.meta().Namespace, w.meta().Name
 	unused, err := unusedConfigMaps(ctx, c, d, keep)
 	if err != nil {
 		return err
 	}
 	for _, cm := range unused {
-		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, Detail: "no revision of deployment " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
+		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, Detail: "no revision of " + strings.ToLower(w.kind()) + " " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
 		if err := c.CoreV1().ConfigMaps(ns).Delete(ctx, cm, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
@@ -359,32 +267,26 @@ func (r *run) prune(ctx context.Context, c kubernetes.Interface, ns, name, keep 
 }
 
 // rollout waits for the rollout the run started, checks it and waits for
-// it to settle; on failure it puts back the Deployment's template and
-// strategy as before had them, or says what to do as the cluster now is.
-// Then it puts back the operator's strategy, gives up the fields it set,
-// and deletes the Corefile ConfigMaps nothing reads any more. gen, when
-// not nil, is the ConfigMap the Deployment must read.
-func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, t *target, verify func(*appsv1.Deployment) error, gen *corev1.ConfigMap) error {
+// it to settle; on failure it puts back the workload's template and
+// rollout settings as before had them, or says what to do as the cluster
+// now is. Then it puts back the operator's settings, gives up the fields
+// it set, and deletes the Corefile ConfigMaps nothing reads any more. tmp
+// says the run set temporary rollout settings; gen, when not nil, is the
+// ConfigMap the workload must read.
+func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before workload, tmp bool, t *target, verify func(workload) error, gen *corev1.ConfigMap) error {
 	o := r.o
-	ns, name := before.Namespace, before.Name
 	// What follows runs to its end even when the run is interrupted: an
 	// interrupted rollout is put back.
 	after := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.WithoutCancel(ctx), min(o.Wait, 2*time.Minute)+30*time.Second)
 	}
 	if o.Wait > 0 {
-		now, err := waitRollout(ctx, c, ns, name, o.Wait, t)
-		if err == nil {
-			if err := verify(now); err != nil {
-				// Someone else's template is rolling: leave it, but give
-				// back the operator's strategy.
-				return r.strategyBack(after, c, before, tmp, err)
-			}
-			var note string
-			note, err = settle(ctx, c, now, t, settleFor(now, o))
-			if note != "" {
-				r.printf("%s\n", note)
-			}
+		err := r.rollAndSettle(ctx, c, before, tmp, t, verify)
+		var other *changedError
+		if errors.As(err, &other) {
+			// Someone else's template is rolling: leave it, but give
+			// back the operator's settings.
+			return r.strategyBack(after, c, before, tmp, other.err)
 		}
 		if err != nil {
 			bctx, cancel := after()
@@ -394,26 +296,58 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before *appsv
 	}
 	bctx, cancel := after()
 	defer cancel()
-	if tmp != nil {
+	if tmp {
 		if err := setStrategy(bctx, c, before); err != nil {
 			r.res.Undo = strategyCommand(before)
 			return fmt.Errorf("the rollout is done, but putting back the strategy failed (%v): run\n  %s", err, r.res.Undo)
 		}
-		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "strategy back to " + strategyString(before.Spec.Strategy)}, fmt.Sprintf("patch deployment %s/%s", ns, name))
+		r.change(Change{Action: "patch", Kind: kindName(before), Name: nsName(before), Detail: "strategy back to " + before.rolloutString()}, "patch "+ref(before))
 	}
-	if err := r.afterRollout(bctx, c, ns, name, gen); err != nil {
+	if err := r.afterRollout(bctx, c, before, gen); err != nil {
 		return err
 	}
 	if o.Wait > 0 {
-		r.printf("deployment %s/%s rolled out\n", ns, name)
+		r.printf("%s rolled out\n", ref(before))
 	}
 	return nil
 }
 
-// strategyBack gives back the operator's strategy after err, when the run
-// set a temporary one.
-func (r *run) strategyBack(after func() (context.Context, context.CancelFunc), c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, err error) error {
-	if tmp == nil {
+// changedError is a workload that something else changed during the
+// rollout.
+type changedError struct{ err error }
+
+func (e *changedError) Error() string { return e.err.Error() }
+
+// rollAndSettle runs the workload's stages, waits for its rollout,
+// checks that it is the run's, and waits for its pods to settle.
+func (r *run) rollAndSettle(ctx context.Context, c kubernetes.Interface, before workload, tmp bool, t *target, verify func(workload) error) error {
+	if tmp {
+		if err := before.rollStages(ctx, c, r, t, settleFor(before, r.o)); err != nil {
+			return err
+		}
+	}
+	now, err := waitRollout(ctx, c, before, r.o.Wait, t)
+	if err != nil {
+		return err
+	}
+	if err := verify(now); err != nil {
+		return &changedError{err}
+	}
+	note, err := settle(ctx, c, now, t, settleFor(now, r.o))
+	if note != "" {
+		r.printf("%s\n", note)
+	}
+	return err
+}
+
+// kindName is the kind of w as a Change names it; nsName its name.
+func kindName(w workload) string { return strings.ToLower(w.kind()) }
+func nsName(w workload) string   { return w.meta().Namespace + "/" + w.meta().Name }
+
+// strategyBack gives back the operator's settings after err, when the run
+// set temporary ones.
+func (r *run) strategyBack(after func() (context.Context, context.CancelFunc), c kubernetes.Interface, before workload, tmp bool, err error) error {
+	if !tmp {
 		return err
 	}
 	bctx, cancel := after()
@@ -426,26 +360,24 @@ func (r *run) strategyBack(after func() (context.Context, context.CancelFunc), c
 	return err
 }
 
-// strategyChanged lists the patch that gave before's strategy back.
-func (r *run) strategyChanged(before *appsv1.Deployment) {
-	ns, name := before.Namespace, before.Name
-	r.change(Change{Action: "update", Kind: "deployment", Name: ns + "/" + name, Detail: "strategy put back as it was: " + strategyString(before.Spec.Strategy)}, fmt.Sprintf("put back deployment %s/%s", ns, name))
+// strategyChanged lists the patch that gave before's settings back.
+func (r *run) strategyChanged(before workload) {
+	r.change(Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "strategy put back as it was: " + before.rolloutString()}, "put back "+ref(before))
 }
 
 // putBackFailed puts back the template and the strategy after a rollout
 // that failed with err, and says what is left to do as the cluster now
 // is: never kubectl rollout undo when the template is the operator's
 // already, as undo would roll to the failed revision.
-func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, t *target, err error) error {
-	o := r.o
-	ns, name := before.Namespace, before.Name
-	r.printf("%v\nputting back deployment %s/%s as it was\n", err, ns, name)
-	perr := putBack(ctx, c, before, t, min(o.Wait, 2*time.Minute))
+func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before workload, tmp bool, t *target, err error) error {
+	ns := before.meta().Namespace
+	r.printf("%v\nputting back %s as it was\n", err, ref(before))
+	perr := putBack(ctx, c, before, t, min(r.o.Wait, 2*time.Minute))
 	if perr == nil {
-		r.change(Change{Action: "update", Kind: "deployment", Name: ns + "/" + name, Detail: "template put back as it was: the rollout failed"}, "put back deployment "+ns+"/"+name)
+		r.change(Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "template put back as it was: the rollout failed"}, "put back "+ref(before))
 	}
 	var serr error
-	if tmp != nil {
+	if tmp {
 		if serr = setStrategy(ctx, c, before); serr == nil {
 			r.strategyChanged(before)
 		}
@@ -453,22 +385,22 @@ func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before 
 	if perr == nil && serr == nil {
 		// What the run created for the pods that did not start goes too.
 		r.takeBack(ctx)
-		return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy)", err, ns, name)
+		return fmt.Errorf("%w; %s is back as it was (template and strategy)", err, ref(before))
 	}
-	now, gerr := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+	now, gerr := before.get(ctx, c)
 	var todo []string
 	switch {
-	case gerr != nil || !equality.Semantic.DeepEqual(now.Spec.Template, putBackTemplate(now, before, t).Spec.Template):
-		todo = append(todo, fmt.Sprintf("kubectl -n %s rollout undo deployment/%s", ns, name))
+	case gerr != nil || !equality.Semantic.DeepEqual(*now.template(), *putBackTemplate(now, before, t).template()):
+		todo = append(todo, fmt.Sprintf("kubectl -n %s rollout undo %s", ns, kubectlRef(before)))
 	case perr != nil:
 		// The template is the operator's again; only its rollout has not
 		// finished, as it had not before the install.
 		r.takeBack(ctx)
-		have, want := now.Status.AvailableReplicas, ptrOr(now.Spec.Replicas, 1)
-		if serr == nil && have >= before.Status.AvailableReplicas {
-			return fmt.Errorf("%w; deployment %s/%s is back as it was (template and strategy), with %d of %d available as before the install: its rollout had not finished then either (kubectl -n %s describe deployment/%s says why)", err, ns, name, have, want, ns, name)
+		have, want := now.available(), now.replicas()
+		if serr == nil && have >= before.available() {
+			return fmt.Errorf("%w; %s is back as it was (template and strategy), with %d of %d available as before the install: its rollout had not finished then either (kubectl -n %s describe %s says why)", err, ref(before), have, want, ns, kubectlRef(before))
 		}
-		perr = fmt.Errorf("the template is back as it was, but its rollout has not finished (%d of %d available; %d were before the install): kubectl -n %s describe deployment/%s says why; undoing the rollout would go back to the failed revision", have, want, before.Status.AvailableReplicas, ns, name)
+		perr = fmt.Errorf("the template is back as it was, but its rollout has not finished (%d of %d available; %d were before the install): kubectl -n %s describe %s says why; undoing the rollout would go back to the failed revision", have, want, before.available(), ns, kubectlRef(before))
 	}
 	if serr != nil {
 		todo = append(todo, strategyCommand(before))
@@ -482,21 +414,22 @@ func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before 
 
 // afterRollout gives up the install's fields, prunes the ConfigMaps no
 // revision reads, and makes sure gen is there.
-func (r *run) afterRollout(ctx context.Context, c kubernetes.Interface, ns, name string, gen *corev1.ConfigMap) error {
-	if err := releaseFields(ctx, c, ns, name); err != nil {
-		return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", ns, name, err)
+func (r *run) afterRollout(ctx context.Context, c kubernetes.Interface, w workload, gen *corev1.ConfigMap) error {
+	ns := w.meta().Namespace
+	if err := releaseFields(ctx, c, w); err != nil {
+		return fmt.Errorf("%s: giving up the install's field ownership: %w", ref(w), err)
 	}
 	keep := ""
 	if gen != nil {
 		keep = gen.Name
 	}
-	if err := r.prune(ctx, c, ns, name, keep); err != nil {
+	if err := r.prune(ctx, c, w, keep); err != nil {
 		return err
 	}
 	if gen == nil {
 		return nil
 	}
-	// Whatever ran meanwhile, the Corefile the Deployment reads is there.
+	// Whatever ran meanwhile, the Corefile the workload reads is there.
 	if _, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "it was gone"}, "create configmap "+ns+"/"+gen.Name)
 		if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -6,15 +6,14 @@ import (
 	"fmt"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 )
@@ -25,14 +24,14 @@ import (
 // node's network answered) fails within it.
 var defaultSettle = 20 * time.Second
 
-// settleFor is the settle time of d's rollout: o's, or the default, or
-// d's minReadySeconds when longer.
-func settleFor(d *appsv1.Deployment, o *Options) time.Duration {
+// settleFor is the settle time of w's rollout: o's, or the default, or
+// w's minReadySeconds when longer.
+func settleFor(w workload, o *Options) time.Duration {
 	s := defaultSettle
 	if o.Settle > 0 {
 		s = o.Settle
 	}
-	return max(s, time.Duration(d.Spec.MinReadySeconds)*time.Second)
+	return max(s, time.Duration(w.minReadySeconds())*time.Second)
 }
 
 // podWatch is what settle saw of one pod of the new template.
@@ -40,7 +39,7 @@ type podWatch struct {
 	restarts int32
 }
 
-// settle waits until the pods of the template d runs have all been Ready,
+// settle waits until the pods of the template w runs have all been Ready,
 // without a restart, for the settle time, as this process's clock
 // measures it, and then asks each, on its own address, a DNS question
 // (where the layout's pods answer on the node's address, which the
@@ -48,15 +47,23 @@ type podWatch struct {
 // A pod that restarts, stops being Ready or goes within that time, or
 // that does not answer where it can be asked, fails the rollout. It
 // returns what it could not check, for the report.
-func settle(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t *target, settleTime time.Duration) (string, error) {
-	want := int(ptrOr(d.Spec.Replicas, 1))
+func settle(ctx context.Context, c kubernetes.Interface, w workload, t *target, settleTime time.Duration) (string, error) {
+	return settlePods(ctx, c, w, t, settleTime, int(w.replicas()), nil)
+}
+
+// settlePods is settle for want pods of the template, those that keep
+// says, or all when keep is nil.
+func settlePods(ctx context.Context, c kubernetes.Interface, w workload, t *target, settleTime time.Duration, want int, keep func(*corev1.Pod) bool) (string, error) {
 	seen := map[string]*podWatch{}
 	var since time.Time // when every pod was first Ready; zero: not yet
 	var pods []corev1.Pod
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, settleTime+time.Minute, true, func(ctx context.Context) (bool, error) {
-		list, err := templatePods(ctx, c, d, t)
+		list, err := templatePods(ctx, c, w, t)
 		if err != nil {
 			return false, stopOn(err)
+		}
+		if keep != nil {
+			list = slices.DeleteFunc(list, func(p corev1.Pod) bool { return !keep(&p) })
 		}
 		pods = list
 		ready := 0
@@ -109,44 +116,45 @@ func stopOn(err error) error {
 }
 
 // restarted fails a rollout whose new pods' container has restarted.
-func restarted(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t *target) error {
-	pods, err := templatePods(ctx, c, d, t)
+func restarted(ctx context.Context, c kubernetes.Interface, w workload, t *target) error {
+	pods, err := templatePods(ctx, c, w, t)
 	if err != nil {
 		return stopOn(err)
 	}
 	for _, p := range pods {
 		if n := restarts(&p, t); n > 0 {
-			return fmt.Errorf("deployment %s/%s did not roll out: pod %s of the new template restarted %d times%s", d.Namespace, d.Name, p.Name, n, lastState(&p, t))
+			return fmt.Errorf("%s did not roll out: pod %s of the new template restarted %d times%s", ref(w), p.Name, n, lastState(&p, t))
 		}
 	}
 	return nil
 }
 
-// templatePods are the pods that run d's template: its image, its config
+// templatePods are the pods that run w's template: its image, its config
 // volume, its record.
-func templatePods(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, t *target) ([]corev1.Pod, error) {
-	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+func templatePods(ctx context.Context, c kubernetes.Interface, w workload, t *target) ([]corev1.Pod, error) {
+	list, err := pods(ctx, c, w)
 	if err != nil {
 		return nil, err
 	}
-	list, err := c.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
-	if err != nil {
-		return nil, err
-	}
-	spec := &d.Spec.Template.Spec
 	var out []corev1.Pod
-	for _, p := range list.Items {
-		if p.DeletionTimestamp != nil || t.container >= len(p.Spec.Containers) || t.volume >= len(p.Spec.Volumes) {
-			continue
+	for _, p := range list {
+		if p.DeletionTimestamp == nil && runsTemplate(&p, w.template(), t) {
+			out = append(out, p)
 		}
-		pv, tv := p.Spec.Volumes[t.volume].ConfigMap, spec.Volumes[t.volume].ConfigMap
-		if p.Spec.Containers[t.container].Image != spec.Containers[t.container].Image || (pv == nil) != (tv == nil) ||
-			(pv != nil && pv.Name != tv.Name) || p.Annotations[Annotation] != d.Spec.Template.Annotations[Annotation] {
-			continue
-		}
-		out = append(out, p)
 	}
 	return out, nil
+}
+
+// runsTemplate reports whether p runs tmpl in what the install sets: the
+// image, the config volume, the record.
+func runsTemplate(p *corev1.Pod, tmpl *corev1.PodTemplateSpec, t *target) bool {
+	spec := &tmpl.Spec
+	if t.container >= len(p.Spec.Containers) || t.volume >= len(p.Spec.Volumes) || t.container >= len(spec.Containers) || t.volume >= len(spec.Volumes) {
+		return false
+	}
+	pv, tv := p.Spec.Volumes[t.volume].ConfigMap, spec.Volumes[t.volume].ConfigMap
+	return p.Spec.Containers[t.container].Image == spec.Containers[t.container].Image && (pv == nil) == (tv == nil) &&
+		(pv == nil || pv.Name == tv.Name) && p.Annotations[Annotation] == tmpl.Annotations[Annotation]
 }
 
 func containerStatus(p *corev1.Pod, t *target) *corev1.ContainerStatus {

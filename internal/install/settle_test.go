@@ -74,11 +74,11 @@ func TestARolloutThatRestartsWithinTheSettleTimeIsPutBack(t *testing.T) {
 // is longer, or what the run is told.
 func TestSettleTimeIsTheLongerOfItsOwnAndMinReadySeconds(t *testing.T) {
 	d := deployment()
-	if got := settleFor(d, &Options{Settle: 20 * time.Second}); got != 20*time.Second {
+	if got := settleFor(deploymentOf(d), &Options{Settle: 20 * time.Second}); got != 20*time.Second {
 		t.Errorf("settle %v, want 20s", got)
 	}
 	d.Spec.MinReadySeconds = 45
-	if got := settleFor(d, &Options{Settle: 20 * time.Second}); got != 45*time.Second {
+	if got := settleFor(deploymentOf(d), &Options{Settle: 20 * time.Second}); got != 45*time.Second {
 		t.Errorf("settle with minReadySeconds 45: %v, want 45s", got)
 	}
 }

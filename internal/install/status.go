@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -25,6 +23,8 @@ const (
 // Out as one JSON document.
 type StatusReport struct {
 	Deployment string `json:"deployment"`
+	// Kind is the kind of the workload: Deployment or DaemonSet.
+	Kind string `json:"kind"`
 	// Layout is how the cluster runs CoreDNS: kubeadm, the CoreDNS helm
 	// chart, k3s, and so on, or custom.
 	Layout string `json:"layout"`
@@ -90,7 +90,7 @@ func (s *StatusReport) forbidden(err error, what string) bool {
 // Status describes whether the Deployment that o names has k8s_event, and
 // what keeps it from working.
 func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusReport, error) {
-	d, err := findDeployment(ctx, c, &o)
+	d, err := findWorkload(ctx, c, &o)
 	if err != nil {
 		return nil, err
 	}
@@ -102,13 +102,13 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 	if err := s.checkConfigMaps(ctx, c, t); err != nil {
 		return nil, err
 	}
-	if err := s.checkRBAC(ctx, c, d); err != nil {
+	if err := s.checkRBAC(ctx, c, d.meta()); err != nil {
 		return nil, err
 	}
-	if err := s.checkFlowControl(ctx, c, d.Namespace, d.Name); err != nil {
+	if err := s.checkFlowControl(ctx, c, d.meta().Namespace, d.meta().Name); err != nil {
 		return nil, err
 	}
-	s.checkFleet(ctx, c, d.Namespace, d.Name, t)
+	s.checkFleet(ctx, c, d.meta().Namespace, d.meta().Name, t)
 	s.checkRollout(ctx, c, d)
 	if o.Out != nil {
 		if o.JSON {
@@ -121,15 +121,15 @@ func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusRepo
 	return s, nil
 }
 
-// newStatusReport is what the Deployment itself says.
+// newStatusReport is what the workload itself says.
 func newStatusReport(t *target) *StatusReport {
-	d := t.dep
-	spec := &d.Spec.Template.Spec
+	d := t.w
+	spec := &d.template().Spec
 	ctr := spec.Containers[t.container]
 	s := &StatusReport{
-		Deployment: d.Namespace + "/" + d.Name, State: StateNotInstalled, Image: ctr.Image, CoreDNS: release(ctr.Image),
+		Deployment: nsName(d), Kind: d.kind(), State: StateNotInstalled, Image: ctr.Image, CoreDNS: release(ctr.Image),
 		ConfigMap: spec.Volumes[t.volume].ConfigMap.Name, Key: t.key, Variables: []string{},
-		Replicas: ptrOr(d.Spec.Replicas, 1), Ready: d.Status.ReadyReplicas, Available: d.Status.AvailableReplicas, RolledOut: RolledOut(d),
+		Replicas: d.replicas(), Ready: d.ready(), Available: d.available(), RolledOut: d.rolledOut(),
 	}
 	s.ServiceAccount = spec.ServiceAccountName
 	if s.ServiceAccount == "" {
@@ -150,7 +150,7 @@ func (s *StatusReport) problem(format string, args ...any) {
 // checkConfigMaps sets the state from the install's record and the
 // Corefile the pods read, and finds what is wrong with the ConfigMaps.
 func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interface, t *target) error {
-	ns := t.dep.Namespace
+	ns := t.w.meta().Namespace
 	read, err := c.CoreV1().ConfigMaps(ns).Get(ctx, s.ConfigMap, metav1.GetOptions{})
 	switch {
 	case s.forbidden(err, "configmap "+ns+"/"+s.ConfigMap):
@@ -160,12 +160,12 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 	case err != nil:
 		return err
 	}
-	sub := subject{kind: kindDeployment, meta: &t.dep.ObjectMeta, program: programOf(&t.dep.Spec.Template.Spec)}
+	sub := subject{kind: t.w.kind(), meta: t.w.meta(), program: programOf(&t.w.template().Spec)}
 	if read != nil {
 		sub.corefile, sub.configMap = read.Data[t.key], read.Labels
 	}
 	l := layoutOf(sub)
-	s.Layout, s.Owners = l.name, otherOwners(t.dep, t, l)
+	s.Layout, s.Owners = l.name, otherOwners(t.w, t, l)
 	if l.refused != "" {
 		s.Owners = append(s.Owners, l.refused)
 	}
@@ -183,7 +183,7 @@ func (s *StatusReport) checkConfigMaps(ctx context.Context, c kubernetes.Interfa
 		if t.rec.Source != "" {
 			return s.checkSource(ctx, c, ns, t.rec)
 		}
-	case read != nil && t.key != "" && hasPluginsWith(read.Data[t.key], t.mountedFiles(t.dep.Spec.Template.Spec.Volumes[t.volume], read.Data)):
+	case read != nil && t.key != "" && hasPluginsWith(read.Data[t.key], t.mountedFiles(t.w.template().Spec.Volumes[t.volume], read.Data)):
 		s.State = StateOther
 	}
 	return nil
@@ -215,7 +215,7 @@ func (s *StatusReport) checkSource(ctx context.Context, c kubernetes.Interface, 
 
 // checkRBAC finds the install's Role and RoleBinding, and whether they
 // let the pods write events.
-func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) error {
+func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d *metav1.ObjectMeta) error {
 	ns, name := d.Namespace, d.Name+"-k8s-event"
 	role, err := c.RbacV1().Roles(ns).Get(ctx, name, metav1.GetOptions{})
 	roleUnread := s.forbidden(err, "role "+ns+"/"+name)
@@ -249,8 +249,9 @@ func (s *StatusReport) checkRBAC(ctx context.Context, c kubernetes.Interface, d 
 
 // checkRollout finds pods that are not Ready and a rollout that does not
 // progress.
-func (s *StatusReport) checkRollout(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) {
-	if why := interruptedRollout(d); why != "" {
+func (s *StatusReport) checkRollout(ctx context.Context, c kubernetes.Interface, w workload) {
+	d := w.meta()
+	if why := w.interruptedRollout(); why != "" {
 		if held := leaseHeld(ctx, c, d.Namespace, d.Name); held != "" {
 			why += " (unless that run still runs: " + held + ")"
 		}
@@ -263,23 +264,18 @@ func (s *StatusReport) checkRollout(ctx context.Context, c kubernetes.Interface,
 		}
 		s.problem("%s", why)
 	}
-	if why := podTrouble(ctx, c, d); len(why) > 0 {
+	if why := podTrouble(ctx, c, w); len(why) > 0 {
 		s.problem("pods not Ready: %s", strings.Join(why, "; "))
 	}
-	s.checkInstalledPods(ctx, c, d)
-	for _, cond := range d.Status.Conditions {
-		// The rollout stalled, or its ReplicaSet cannot make pods (a quota,
-		// an admission webhook): no pod may be there to be not Ready.
-		stalled := cond.Type == appsv1.DeploymentProgressing && cond.Status == corev1.ConditionFalse
-		if stalled || cond.Type == appsv1.DeploymentReplicaFailure && cond.Status == corev1.ConditionTrue {
-			s.problem("the rollout does not progress (%s: %s): kubectl -n %s describe deployment/%s", cond.Reason, cond.Message, d.Namespace, d.Name)
-		}
+	s.checkInstalledPods(ctx, c, w)
+	for _, why := range w.stalled() {
+		s.problem("the rollout does not progress (%s): kubectl -n %s describe %s", why, d.Namespace, kubectlRef(w))
 	}
 }
 
 func (s *StatusReport) print(o *Options) {
 	p := func(format string, args ...any) { fmt.Fprintf(o.Out, format, args...) }
-	p("deployment %s (%s): k8s_event %s\n", s.Deployment, s.Layout, s.State)
+	p("%s %s (%s): k8s_event %s\n", strings.ToLower(s.Kind), s.Deployment, s.Layout, s.State)
 	p("  image %s (CoreDNS %s)\n", s.Image, s.CoreDNS)
 	p("  Corefile: configmap %s, key %s\n", s.ConfigMap, s.Key)
 	p("  downward-API variables: %s\n", strings.Join(s.Variables, " "))
@@ -327,21 +323,22 @@ func presence(err error, meta func() metav1.ObjectMeta, deployment string) (stri
 // checkInstalledPods counts the Ready pods that run the installed template
 // (they carry its record), and finds too few where the rollout will not
 // bring more: a paused Deployment, or one that says it rolled out.
-func (s *StatusReport) checkInstalledPods(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) {
-	rec, ok := d.Spec.Template.Annotations[Annotation]
+func (s *StatusReport) checkInstalledPods(ctx context.Context, c kubernetes.Interface, w workload) {
+	d := w.meta()
+	rec, ok := w.template().Annotations[Annotation]
 	if !ok {
 		return
 	}
-	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	sel, err := metav1.LabelSelectorAsSelector(w.selector())
 	if err != nil {
 		return
 	}
-	pods, err := c.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	list, err := pods(ctx, c, w)
 	if err != nil {
 		return
 	}
 	live := 0
-	for _, p := range pods.Items {
+	for _, p := range list {
 		if p.DeletionTimestamp != nil {
 			continue
 		}
@@ -352,8 +349,8 @@ func (s *StatusReport) checkInstalledPods(ctx context.Context, c kubernetes.Inte
 	}
 	switch {
 	case s.Running >= s.Replicas:
-	case d.Spec.Paused:
-		s.problem("deployment %s/%s is paused: %d of %d pods run the installed template; kubectl -n %s rollout resume deployment/%s", d.Namespace, d.Name, s.Running, s.Replicas, d.Namespace, d.Name)
+	case w.paused():
+		s.problem("%s is paused: %d of %d pods run the installed template; kubectl -n %s rollout resume %s", ref(w), s.Running, s.Replicas, d.Namespace, kubectlRef(w))
 	case s.RolledOut && live > 0:
 		s.problem("the rollout reads as done, but %d of %d pods run the installed template: kubectl -n %s get pods -l %s", s.Running, s.Replicas, d.Namespace, sel.String())
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,7 +27,7 @@ func Uninstall(ctx context.Context, c kubernetes.Interface, o Options) error {
 type uninstallPlan struct {
 	t       *target
 	patch   *patch
-	tmp     *appsv1.DeploymentStrategy // temporary, for the rollout; nil: the operator's
+	tmp     bool // temporary rollout settings; false: the operator's
 	patched bool
 }
 
@@ -49,7 +48,7 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 		if p, err = r.planUninstall(ctx, c); err != nil || p.patch == nil {
 			return err
 		}
-		if err := r.uninstallRights(ctx, c, p.t.dep, p.patch); err != nil {
+		if err := r.uninstallRights(ctx, c, p.t.w, p.patch); err != nil {
 			return err
 		}
 		return r.applyUninstall(ctx, c, p)
@@ -60,9 +59,9 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	if o.DryRun {
 		return r.sayUninstallAfterRollout(ctx, c, p)
 	}
-	d := p.t.dep
+	d := p.t.w
 	if p.patched {
-		if err := r.rollout(ctx, c, operatorView(d), p.tmp, p.t, uninstalled(p.t), nil); err != nil {
+		if err := r.rollout(ctx, c, d.operatorView(), p.tmp, p.t, uninstalled(p.t), nil); err != nil {
 			return err
 		}
 	} else if err := r.finishCutOff(ctx, c, d); err != nil {
@@ -71,21 +70,20 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	if err := r.rbacRemoval(ctx, c, d, ""); err != nil {
 		return err
 	}
-	return r.extrasRemoval(ctx, c, d.Namespace, d.Name, "")
+	return r.extrasRemoval(ctx, c, d.meta().Namespace, d.meta().Name, "")
 }
 
 // finishCutOff finishes, where nothing rolls, what a run cut off after its
 // rollout left: the install's field ownership goes, and the ConfigMaps no
 // revision reads.
-func (r *run) finishCutOff(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment) error {
-	ns, name := d.Namespace, d.Name
-	if fieldsHeld(d) {
-		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, fmt.Sprintf("patch deployment %s/%s, giving up the install's field ownership", ns, name))
-		if err := releaseFields(ctx, c, ns, name); err != nil {
-			return fmt.Errorf("deployment %s/%s: giving up the install's field ownership: %w", ns, name, err)
+func (r *run) finishCutOff(ctx context.Context, c kubernetes.Interface, d workload) error {
+	if fieldsHeld(d.meta()) {
+		r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, "patch "+ref(d)+", giving up the install's field ownership")
+		if err := releaseFields(ctx, c, d); err != nil {
+			return fmt.Errorf("%s: giving up the install's field ownership: %w", ref(d), err)
 		}
 	}
-	return r.prune(ctx, c, ns, name, "")
+	return r.prune(ctx, c, d, "")
 }
 
 // planUninstall works out the Deployment's patch that gives back what
@@ -96,35 +94,31 @@ func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*unins
 		return nil, err
 	}
 	p := &uninstallPlan{t: t}
-	d := t.dep
+	d := t.w
 	if r.o.DryRun {
 		r.printf("# dry run: nothing is changed\n")
 	}
-	if t.rec == nil && operatorView(d) != d {
+	if t.rec == nil && d.operatorView() != d {
 		// An uninstall cut off during its rollout: the operator's
 		// strategy goes back.
-		want := d.DeepCopy()
-		setRolloutStrategy(want, operatorView(d), nil, 0)
-		r.res.Rollout = interruptedRollout(d)
-		p.patch, err = deploymentPatch(d, want)
+		r.res.Rollout = d.interruptedRollout()
+		p.patch, err = workloadPatch(d, d.operatorView())
 		return p, err
 	}
 	if t.rec == nil {
-		r.change(Change{Action: "keep", Kind: "deployment", Name: d.Namespace + "/" + d.Name, Detail: "k8s_event was not installed by this tool"}, fmt.Sprintf("deployment %s/%s does not have k8s_event", d.Namespace, d.Name))
+		r.change(Change{Action: "keep", Kind: kindName(d), Name: nsName(d), Detail: "k8s_event was not installed by this tool"}, ref(d)+" does not have k8s_event")
 		return p, nil
 	}
 	if err := r.checkGiveBack(ctx, c, t); err != nil {
 		return nil, err
 	}
 	want := r.uninstallTemplate(t)
-	if err := r.uninstallStrategy(p, want); err != nil {
-		return nil, err
-	}
+	base := d.operatorView()
 	var refuse []string
-	if p.tmp, refuse = r.surgeOrRefuse(ctx, c, d, operatorView(d), p.tmp, want); len(refuse) > 0 {
+	if p.tmp, refuse = base.planRollout(ctx, c, r, want, settleFor(base, r.o)); len(refuse) > 0 {
 		return nil, &RefusedError{refuse}
 	}
-	p.patch, err = deploymentPatch(d, want)
+	p.patch, err = workloadPatch(d, want)
 	return p, err
 }
 
@@ -136,11 +130,12 @@ func (r *run) checkGiveBack(ctx context.Context, c kubernetes.Interface, t *targ
 	if vol.ConfigMap.Optional != nil && *vol.ConfigMap.Optional {
 		return nil
 	}
-	cm, err := c.CoreV1().ConfigMaps(t.dep.Namespace).Get(ctx, vol.ConfigMap.Name, metav1.GetOptions{})
+	ns := t.w.meta().Namespace
+	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, vol.ConfigMap.Name, metav1.GetOptions{})
 	var why string
 	switch {
 	case apierrors.IsNotFound(err):
-		why = fmt.Sprintf("configmap %s/%s, the Corefile install started from and uninstall would give back, is gone: the pods would not start", t.dep.Namespace, vol.ConfigMap.Name)
+		why = fmt.Sprintf("configmap %s/%s, the Corefile install started from and uninstall would give back, is gone: the pods would not start", ns, vol.ConfigMap.Name)
 	case err != nil:
 		return err
 	default:
@@ -152,7 +147,7 @@ func (r *run) checkGiveBack(ctx context.Context, c kubernetes.Interface, t *targ
 			}
 		}
 		if len(missing) > 0 {
-			why = fmt.Sprintf("configmap %s/%s, which uninstall would give back, has no key %s, which the volume %s mounts: the pods would not start", t.dep.Namespace, vol.ConfigMap.Name, strings.Join(missing, ", "), vol.Name)
+			why = fmt.Sprintf("configmap %s/%s, which uninstall would give back, has no key %s, which the volume %s mounts: the pods would not start", ns, vol.ConfigMap.Name, strings.Join(missing, ", "), vol.Name)
 			break
 		}
 		if why = pluginsLeft(t, vol, cm); why == "" {
@@ -182,12 +177,12 @@ func pluginsLeft(t *target, vol corev1.Volume, cm *corev1.ConfigMap) string {
 	return fmt.Sprintf("configmap %s/%s, the Corefile uninstall would give back, has %s (key %s), which image %s, the one uninstall gives back, does not have: its pods would stop on \"Unknown directive '%s'\" and crash-loop; take %s out of that Corefile first (keep the options elsewhere), then uninstall, or --force if that image has k8s_event built in", cm.Namespace, cm.Name, strings.Join(found, " and "), t.key, t.current().Image, found[len(found)-1], strings.Join(found, " and "))
 }
 
-// uninstallTemplate is the Deployment with what the install replaced
+// uninstallTemplate is the workload with what the install replaced
 // given back, and its record taken out.
-func (r *run) uninstallTemplate(t *target) *appsv1.Deployment {
+func (r *run) uninstallTemplate(t *target) workload {
 	orig := t.current()
-	want := t.dep.DeepCopy()
-	tmpl := &want.Spec.Template
+	want := t.w.copyOf()
+	tmpl := want.template()
 	delete(tmpl.Annotations, Annotation)
 	if len(tmpl.Annotations) == 0 {
 		tmpl.Annotations = nil
@@ -201,38 +196,17 @@ func (r *run) uninstallTemplate(t *target) *appsv1.Deployment {
 	return want
 }
 
-// uninstallStrategy decides how the pods roll back, as planStrategy does
-// for the install.
-func (r *run) uninstallStrategy(p *uninstallPlan, want *appsv1.Deployment) error {
-	o := r.o
-	base := operatorView(p.t.dep)
-	tmp, avail := safeRollout(base)
-	r.res.Rollout = avail
-	if tmp != nil && o.Wait <= 0 {
-		why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 uninstall does not wait, so it could not put back a temporary strategy", avail)
-		if !o.Force {
-			return &RefusedError{[]string{why + ": give a --timeout, or --force to roll with the Deployment's own strategy"}}
-		}
-		r.warn("--force: " + why)
-		tmp = nil
-	}
-	setRolloutStrategy(want, base, tmp, settleFor(base, o))
-	p.tmp = tmp
-	return nil
-}
-
-// applyUninstall patches the Deployment, or with DryRun says the patch.
+// applyUninstall patches the workload, or with DryRun says the patch.
 func (r *run) applyUninstall(ctx context.Context, c kubernetes.Interface, p *uninstallPlan) error {
-	d := p.t.dep
-	ns := d.Namespace
-	r.printf("deployment %s/%s: image %s -> %s (CoreDNS %s -> %s)\n", ns, d.Name, r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
+	d := p.t.w
+	r.printf("%s: image %s -> %s (CoreDNS %s -> %s)\n", ref(d), r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
 	r.printf("rollout: %s\n", r.res.Rollout)
-	r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + d.Name, Detail: string(p.patch.display)}, fmt.Sprintf("patch deployment %s/%s", ns, d.Name))
+	r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: string(p.patch.display)}, "patch "+ref(d))
 	if r.o.DryRun {
 		return nil
 	}
-	if _, err := c.AppsV1().Deployments(ns).Patch(ctx, d.Name, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-		return fmt.Errorf("patch deployment %s/%s: %w", ns, d.Name, err)
+	if err := d.patch(ctx, c, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+		return fmt.Errorf("patch %s: %w", ref(d), err)
 	}
 	p.patched = true
 	return nil
@@ -241,40 +215,40 @@ func (r *run) applyUninstall(ctx context.Context, c kubernetes.Interface, p *uni
 // sayUninstallAfterRollout lists, in a dry run, what the uninstall does
 // once the pods have rolled back.
 func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interface, p *uninstallPlan) error {
-	d := p.t.dep
-	ns, name := d.Namespace, d.Name
+	d := p.t.w
+	ns := d.meta().Namespace
 	when := ""
 	if p.t.rec != nil {
 		when = "after the rollout"
 	}
-	if p.tmp != nil && p.t.rec != nil {
-		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, When: when, Detail: "strategy back to " + strategyString(operatorView(d).Spec.Strategy)},
-			fmt.Sprintf("%s, patch deployment %s/%s", when, ns, name))
+	if p.tmp && p.t.rec != nil {
+		r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), When: when, Detail: "strategy back to " + d.operatorView().rolloutString()},
+			fmt.Sprintf("%s, patch %s", when, ref(d)))
 	}
-	if p.patch == nil && fieldsHeld(d) {
-		r.change(Change{Action: "patch", Kind: "deployment", Name: ns + "/" + name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, fmt.Sprintf("patch deployment %s/%s, giving up the install's field ownership", ns, name))
+	if p.patch == nil && fieldsHeld(d.meta()) {
+		r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, "patch "+ref(d)+", giving up the install's field ownership")
 	}
 	unused, err := unusedConfigMaps(ctx, c, d, "")
 	if err != nil {
 		return err
 	}
 	for _, cm := range unused {
-		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of deployment " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
+		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of " + ref(d) + " reads it"}, "delete configmap "+ns+"/"+cm)
 	}
 	if err := r.rbacRemoval(ctx, c, d, when); err != nil {
 		return err
 	}
-	return r.extrasRemoval(ctx, c, ns, name, when)
+	return r.extrasRemoval(ctx, c, ns, d.meta().Name, when)
 }
 
-// uninstalled checks that the Deployment rolling out is the one uninstall
+// uninstalled checks that the workload rolling out is the one uninstall
 // patched.
-func uninstalled(t *target) func(*appsv1.Deployment) error {
+func uninstalled(t *target) func(workload) error {
 	orig := t.current()
-	return func(now *appsv1.Deployment) error {
-		spec := &now.Spec.Template.Spec
-		if _, ok := now.Spec.Template.Annotations[Annotation]; ok || t.container >= len(spec.Containers) || spec.Containers[t.container].Image != orig.Image {
-			return fmt.Errorf("deployment %s/%s changed during the rollout%s: it is not what uninstall patched", now.Namespace, now.Name, changedBy(now, t))
+	return func(now workload) error {
+		spec := &now.template().Spec
+		if _, ok := now.template().Annotations[Annotation]; ok || t.container >= len(spec.Containers) || spec.Containers[t.container].Image != orig.Image {
+			return fmt.Errorf("%s changed during the rollout%s: it is not what uninstall patched", ref(now), changedBy(now, t))
 		}
 		return nil
 	}
@@ -284,8 +258,8 @@ func uninstalled(t *target) func(*appsv1.Deployment) error {
 // the same names without its labels stay. A RoleBinding of the install's
 // that binds subjects others added loses only d's ServiceAccount, and the
 // Role it refers to stays.
-func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, when string) error {
-	ns, deployment := d.Namespace, d.Name
+func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, w workload, when string) error {
+	ns, deployment := w.meta().Namespace, w.meta().Name
 	base := deployment + "-k8s-event"
 	keepRole := false
 	// base-next: a RoleBinding made anew by a run cut off part way.
@@ -302,7 +276,7 @@ func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, d *appsv1
 				return err
 			}
 			meta = b.ObjectMeta
-			if others := otherSubjects(b, d); len(others) > 0 && ours(meta, deployment) {
+			if others := otherSubjects(b, w); len(others) > 0 && ours(meta, deployment) {
 				keepRole = keepRole || b.RoleRef.Name == base
 				if err := r.unbind(ctx, c, b, others, when); err != nil {
 					return err
@@ -348,8 +322,9 @@ func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, d *appsv1
 
 // otherSubjects are the subjects of b other than d's ServiceAccount: those
 // others added to the install's RoleBinding.
-func otherSubjects(b *rbacv1.RoleBinding, d *appsv1.Deployment) []rbacv1.Subject {
-	sa := d.Spec.Template.Spec.ServiceAccountName
+func otherSubjects(b *rbacv1.RoleBinding, w workload) []rbacv1.Subject {
+	d := w.meta()
+	sa := w.template().Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
 	}

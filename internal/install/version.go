@@ -41,10 +41,10 @@ func buildHint(ref string) string {
 // runs with that of Options.Image: it returns why the install must not
 // change the release with it, unless forced.
 func (r *run) checkRelease(t *target, running string) ([]string, error) {
-	o, d := r.o, t.dep
+	o, d := r.o, t.w
 	r.res.CoreDNSBefore = release(running)
 	if o.Image == "" {
-		return nil, fmt.Errorf("%w: deployment %s/%s runs %s; name the image of k8s_event on that release (%s)", ErrNoImage, d.Namespace, d.Name, releaseOf(running), buildHint(running))
+		return nil, fmt.Errorf("%w: %s runs %s; name the image of k8s_event on that release (%s)", ErrNoImage, ref(d), releaseOf(running), buildHint(running))
 	}
 	r.res.CoreDNSAfter = release(o.Image)
 	if isNodeCacheImage(running) {
@@ -55,7 +55,7 @@ func (r *run) checkRelease(t *target, running string) ([]string, error) {
 	if before == after && before != "unknown" {
 		return nil, nil
 	}
-	why := fmt.Sprintf("image %s runs %s and deployment %s/%s %s: the install would change the CoreDNS release too (CoreDNS %s -> %s)", o.Image, releaseOf(o.Image), d.Namespace, d.Name, releaseOf(running), before, after)
+	why := fmt.Sprintf("image %s runs %s and %s %s: the install would change the CoreDNS release too (CoreDNS %s -> %s)", o.Image, releaseOf(o.Image), ref(d), releaseOf(running), before, after)
 	if before != "unknown" && after != "unknown" && !o.Force {
 		return []string{why + "; name the image of k8s_event on the release it runs (" + buildHint(running) + "), or --force to change the release with it"}, nil
 	}
