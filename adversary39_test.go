@@ -1,0 +1,89 @@
+package k8s_event
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestClientsOwnPromotionsDoNotKeepAHostFromItsEvent: a client whose names
+// each time out 10 times an hour spends the room of promotions with names
+// of its own (10 names, 100 queries an hour). A host that times out once a
+// minute, 60 lines in any hour, must still become an event of its own: the
+// README promises it once it had 10 lines within the last hour.
+func TestClientsOwnPromotionsDoNotKeepAHostFromItsEvent(t *testing.T) {
+	c := newCorrelator(defaultCacheSize, func(*entry) {})
+	start := epoch
+	for i := range ownEvents {
+		c.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", start))
+	}
+	const host = "db.corp.example"
+	const client = "2 n%d.client.example. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout"
+	const timeout = "2 %s. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout"
+	name, hostLines := 0, 0
+	promotedAt := time.Duration(-1)
+	for at := time.Duration(0); at < 3*time.Hour; at += time.Minute {
+		if at%budgetWindow == 0 { // the room freed: fresh names of 10 timeouts each, the first
+			// taking the events of their own that came back with the hour
+			for range maxPromoted + 1 {
+				name++
+				for k := range promoteAt {
+					c.observe(ln(levelError, "errors", fmt.Sprintf(client, name, 30000+k),
+						start.Add(at)))
+				}
+			}
+		}
+		hostLines++
+		c.observe(ln(levelError, "errors", fmt.Sprintf(timeout, host, 1024+hostLines),
+			start.Add(at+30*time.Second)))
+		for _, e := range c.cache.values() {
+			if e.key.member == host && promotedAt < 0 {
+				promotedAt = at
+			}
+		}
+	}
+	if promotedAt < 0 {
+		others := 0
+		for _, e := range c.cache.values() {
+			if e.key.member != "" {
+				others++
+			}
+		}
+		t.Errorf("a host of one timeout a minute (%d lines in 3 h) is no event of its own; "+
+			"%d names of the client are, of %d queries", hostLines, others, name*promoteAt)
+	}
+}
+
+// TestEvictionKeepsAHostsEventOfManyLinesBeforeAClientsFreshNames: in a
+// full cache, within one plugin and shape, a client's fresh names of one
+// line each are noise; a host's event of 20 timeouts is not. Noise evicts
+// its own lines, even when it shares a plugin with a failing host.
+func TestEvictionKeepsAHostsEventOfManyLinesBeforeAClientsFreshNames(t *testing.T) {
+	const size = 4
+	h, _, clk := newTestHarness(t, testConfig(all, 1.0/300, 1, size))
+	const client = "2 n%d.client.example. A: read udp 10.0.0.9:30000->192.0.2.53:53: i/o timeout"
+	const host = "2 db.corp.example. A: read udp 10.0.0.5:40001->10.0.0.2:53: i/o timeout"
+	before := readLedger()
+	h.observe(ln(levelError, "errors", fmt.Sprintf(client, 0), clk.Now()))
+	drain(h) // the client's first line takes the one token
+	for range 20 {
+		h.advance(time.Second)
+		h.observe(ln(levelError, "errors", host, clk.Now()))
+	}
+	drain(h)
+	for i := 1; i <= size; i++ { // fresh names of one line each fill the cache
+		h.advance(time.Second)
+		h.observe(ln(levelError, "errors", fmt.Sprintf(client, i), clk.Now()))
+		drain(h)
+	}
+	key := eventKey{level: levelError, plugin: "plugin/errors: ", message: "plugin/errors: " + host}
+	if h.entry(key) == nil {
+		var left []string
+		for _, e := range h.s.corr.cache.values() {
+			left = append(left, fmt.Sprintf("%d line(s): %s", e.seen, e.message))
+		}
+		t.Errorf("the host's event of 20 lines was evicted (%v lines dropped as evicted); "+
+			"the cache keeps the client's names: %q",
+			readLedger().since(before).dropped[dropEvicted], left)
+	}
+}
