@@ -87,3 +87,32 @@ func TestEvictionKeepsAHostsEventOfManyLinesBeforeAClientsFreshNames(t *testing.
 			readLedger().since(before).dropped[dropEvicted], left)
 	}
 }
+
+// TestOneLineAfterAStormsEndMakesNoSecondEnd: a storm rises once and ends;
+// the cache then lets its event go for other plugins' lines, as it lets a
+// written event go first. One more line of the storm's shape is no rise:
+// no second end may follow it.
+func TestOneLineAfterAStormsEndMakesNoSecondEnd(t *testing.T) {
+	const quiet = time.Minute
+	cfg := withQuiet(100, 100, quiet)
+	cfg.cacheSize = 16
+	h, api, clk := newTestHarness(t, cfg)
+	logStorm(h, levelError, 0, 200, clk.Now())
+	h.advance(2 * quiet)
+	if n := len(endsIn(api)); n != 1 {
+		t.Fatalf("%d ends after the storm's quiet, want 1", n)
+	}
+	for i := range cfg.cacheSize { // other plugins' lines, one each
+		h.observe(ln(levelError, fmt.Sprint("p", i), "upstream down", clk.Now()))
+	}
+	h.advance(time.Second)
+	logStorm(h, levelError, 1000, 1, clk.Now())
+	h.advance(10 * quiet)
+	if ends := endsIn(api); len(ends) != 1 {
+		var msgs []string
+		for _, e := range ends {
+			msgs = append(msgs, e.Message)
+		}
+		t.Errorf("%d ends of one rise and one line since its end: %q", len(ends), msgs)
+	}
+}
