@@ -116,3 +116,30 @@ func TestOneLineAfterAStormsEndMakesNoSecondEnd(t *testing.T) {
 		t.Errorf("%d ends of one rise and one line since its end: %q", len(ends), msgs)
 	}
 }
+
+// TestShorterQuietDoesNotEndAStormThatGoesOn: a storm goes on at a line every
+// 6 s, 50 lines in its quiet of 5 minutes. A reload makes quiet a minute:
+// the storm still holds 10 lines in each minute, far above its threshold of
+// max(2, 1 % of its peak), so no end may be said while its lines come.
+func TestShorterQuietDoesNotEndAStormThatGoesOn(t *testing.T) {
+	h, api, clk := newTestHarness(t, withQuiet(100, 100, 5*time.Minute))
+	logStorm(h, levelError, 0, 200, clk.Now())
+	n := 1000
+	for range 100 { // ten minutes of a line every 6 s
+		h.advance(6 * time.Second)
+		logStorm(h, levelError, n, 1, clk.Now())
+		n++
+	}
+	h.advance(3 * time.Second)
+	h.apply(withQuiet(100, 100, time.Minute))
+	for range 50 { // five more minutes
+		h.advance(3 * time.Second)
+		logStorm(h, levelError, n, 1, clk.Now())
+		n++
+		h.advance(3 * time.Second)
+	}
+	if ends := endsIn(api); len(ends) != 0 {
+		t.Errorf("%d end(s) of a storm of 10 lines a minute, a line every 6 s to the last: %q",
+			len(ends), ends[0].Message)
+	}
+}
