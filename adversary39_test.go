@@ -2,6 +2,7 @@ package k8s_event
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -142,4 +143,41 @@ func TestShorterQuietDoesNotEndAStormThatGoesOn(t *testing.T) {
 		t.Errorf("%d end(s) of a storm of 10 lines a minute, a line every 6 s to the last: %q",
 			len(ends), ends[0].Message)
 	}
+}
+
+// TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound: a plugin
+// with nothing pending logs a line of an event the API server's TTL
+// removed. Its patch finds the event gone and it is created anew: the line
+// is written, at most (1 + the other plugins waiting) refills plus its
+// write's time after it was logged, as the README bounds a quiet plugin's
+// line.
+func TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound(t *testing.T) {
+	const refill = 300 * time.Second
+	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
+	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", clk.Now()))
+	drain(h) // reload's event is written with the one token
+	h.advance(2 * time.Hour)
+	api.expire() // the API server's --event-ttl removed it
+	for i := range 8 { // two loud plugins with new events waiting
+		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " down"), clk.Now()))
+		h.observe(ln(levelError, "errors", fmt.Sprint("zone ", i, " broken"), clk.Now()))
+	}
+	drain(h) // the token there is goes to one of them
+	logged := clk.Now()
+	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
+	drain(h)
+	bound := (1+2)*refill + writeTimeout
+	for clk.Since(logged) < 4*bound {
+		for _, ev := range api.list() {
+			if strings.HasSuffix(ev.Message, "reload failed") && ev.Count == 2 {
+				if wait := clk.Since(logged); wait > bound {
+					t.Errorf("reload's line is written %v after it was logged, past the bound %v",
+						wait, bound)
+				}
+				return
+			}
+		}
+		h.advance(time.Second)
+	}
+	t.Errorf("reload's line is not written within %v", 4*bound)
 }
