@@ -181,3 +181,26 @@ func TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound(t *testing.T) 
 	}
 	t.Errorf("reload's line is not written within %v", 4*bound)
 }
+
+// TestNamesOfOneLineEachSharingALongFirstLabelAreNotPromoted: ten names of
+// one timeout each, all with the same first label of 63 bytes, are ten
+// names of one line: none may become an event of its own, whatever the
+// noise.
+func TestNamesOfOneLineEachSharingALongFirstLabelAreNotPromoted(t *testing.T) {
+	c := newCorrelator(defaultCacheSize, func(*entry) {})
+	for i := range ownEvents {
+		c.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", epoch))
+	}
+	label := strings.Repeat("x", 63)
+	const timeout = "2 %s.n%d.client.example. A: read udp 10.0.0.9:30000->192.0.2.53:53: i/o timeout"
+	for i := range 2 * promoteAt {
+		c.observe(ln(levelError, "errors", fmt.Sprintf(timeout, label, i),
+			epoch.Add(time.Duration(i)*time.Second)))
+	}
+	for _, e := range c.cache.values() {
+		if e.key.member != "" {
+			t.Errorf("%d names of one line each made an event of its own, of member %q: %s",
+				2*promoteAt, e.key.member, e.message)
+		}
+	}
+}
