@@ -157,7 +157,7 @@ func TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound(t *testing.T) 
 	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", clk.Now()))
 	drain(h) // reload's event is written with the one token
 	h.advance(2 * time.Hour)
-	api.expire() // the API server's --event-ttl removed it
+	api.expire()       // the API server's --event-ttl removed it
 	for i := range 8 { // two loud plugins with new events waiting
 		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " down"), clk.Now()))
 		h.observe(ln(levelError, "errors", fmt.Sprint("zone ", i, " broken"), clk.Now()))
