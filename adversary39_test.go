@@ -204,3 +204,18 @@ func TestNamesOfOneLineEachSharingALongFirstLabelAreNotPromoted(t *testing.T) {
 		}
 	}
 }
+
+// TestSingleLabelNamesOfAClientMakeOneShape: a client's queries for names
+// of one label (a top-level name, "q1.", "q2.", ...) that time out are one
+// shape: the name is a token the client chooses, whatever its labels.
+func TestSingleLabelNamesOfAClientMakeOneShape(t *testing.T) {
+	const timeout = "2 %s A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout"
+	shapes := map[string]bool{}
+	for i := range 100 {
+		shapes[lineShape(fmt.Sprintf(timeout, fmt.Sprintf("q%d.", i)))] = true
+	}
+	if len(shapes) != 1 {
+		t.Errorf("100 queries for names of one label make %d shapes, such as %q",
+			len(shapes), lineShape(fmt.Sprintf(timeout, "q7.")))
+	}
+}
