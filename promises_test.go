@@ -7,54 +7,6 @@ import (
 	"time"
 )
 
-// TestClientsOwnPromotionsDoNotKeepAHostFromItsEvent: a client whose names
-// each time out 10 times an hour spends the room of promotions with names
-// of its own (10 names, 100 queries an hour). A host that times out once a
-// minute, 60 lines in any hour, must still become an event of its own: the
-// README promises it once it had 10 lines within the last hour.
-func TestClientsOwnPromotionsDoNotKeepAHostFromItsEvent(t *testing.T) {
-	c := newCorrelator(defaultCacheSize, func(*entry) {})
-	start := epoch
-	for i := range ownEvents {
-		c.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", start))
-	}
-	const host = "db.corp.example"
-	const client = "2 n%d.client.example. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout"
-	const timeout = "2 %s. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout"
-	name, hostLines := 0, 0
-	promotedAt := time.Duration(-1)
-	for at := time.Duration(0); at < 3*time.Hour; at += time.Minute {
-		if at%budgetWindow == 0 { // the room freed: fresh names of 10 timeouts each, the first
-			// taking the events of their own that came back with the hour
-			for range maxPromoted + 1 {
-				name++
-				for k := range promoteAt {
-					c.observe(ln(levelError, "errors", fmt.Sprintf(client, name, 30000+k),
-						start.Add(at)))
-				}
-			}
-		}
-		hostLines++
-		c.observe(ln(levelError, "errors", fmt.Sprintf(timeout, host, 1024+hostLines),
-			start.Add(at+30*time.Second)))
-		for _, e := range c.cache.values() {
-			if e.key.member == host && promotedAt < 0 {
-				promotedAt = at
-			}
-		}
-	}
-	if promotedAt < 0 {
-		others := 0
-		for _, e := range c.cache.values() {
-			if e.key.member != "" {
-				others++
-			}
-		}
-		t.Errorf("a host of one timeout a minute (%d lines in 3 h) is no event of its own; "+
-			"%d names of the client are, of %d queries", hostLines, others, name*promoteAt)
-	}
-}
-
 // TestEvictionKeepsAHostsEventOfManyLinesBeforeAClientsFreshNames: in a
 // full cache, within one plugin and shape, a client's fresh names of one
 // line each are noise; a host's event of 20 timeouts is not. Noise evicts
@@ -143,43 +95,6 @@ func TestShorterQuietDoesNotEndAStormThatGoesOn(t *testing.T) {
 		t.Errorf("%d end(s) of a storm of 10 lines a minute, a line every 6 s to the last: %q",
 			len(ends), ends[0].Message)
 	}
-}
-
-// TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound: a plugin
-// with nothing pending logs a line of an event the API server's TTL
-// removed. Its patch finds the event gone and it is created anew: the line
-// is written, at most (1 + the other plugins waiting) refills plus its
-// write's time after it was logged, as the README bounds a quiet plugin's
-// line.
-func TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound(t *testing.T) {
-	const refill = 300 * time.Second
-	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
-	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", clk.Now()))
-	drain(h) // reload's event is written with the one token
-	h.advance(2 * time.Hour)
-	api.expire()       // the API server's --event-ttl removed it
-	for i := range 8 { // two loud plugins with new events waiting
-		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " down"), clk.Now()))
-		h.observe(ln(levelError, "errors", fmt.Sprint("zone ", i, " broken"), clk.Now()))
-	}
-	drain(h) // the token there is goes to one of them
-	logged := clk.Now()
-	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
-	drain(h)
-	bound := (1+2)*refill + writeTimeout
-	for clk.Since(logged) < 4*bound {
-		for _, ev := range api.list() {
-			if strings.HasSuffix(ev.Message, "reload failed") && ev.Count == 2 {
-				if wait := clk.Since(logged); wait > bound {
-					t.Errorf("reload's line is written %v after it was logged, past the bound %v",
-						wait, bound)
-				}
-				return
-			}
-		}
-		h.advance(time.Second)
-	}
-	t.Errorf("reload's line is not written within %v", 4*bound)
 }
 
 // TestNamesOfOneLineEachSharingALongFirstLabelAreNotPromoted: ten names of
