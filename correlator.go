@@ -177,8 +177,9 @@ func (c *correlator) observe(ln line) *entry {
 		}
 	}
 	if c.paced > 0 && (key.level == levelWarning || key.level == levelError) {
-		if e.flow == nil {
-			e.flow = &flow{ends: &c.window(windowKey{key.level, key.plugin}, el).ends}
+		if e.flow == nil { // a storm that ended before its flow was counted rests until it rises
+			e.flow = &flow{ends: &c.window(windowKey{key.level, key.plugin}, el).ends,
+				rest: e.storm > 0}
 		}
 		// A top member holds its storm open only with more lines of its own than the threshold.
 		e.flow.add(ln.at, el, c.paced, top && recent > e.flow.threshold())

@@ -140,9 +140,14 @@ type flow struct {
 func (p *flow) add(at time.Time, el, quiet time.Duration, top bool) {
 	w := int64(quiet / flowSlots)
 	n := int64(el) / max(w, 1)
-	if p.width != w { // new, or quiet changed: counted afresh
+	if p.width != w { // new, or quiet changed: the lines of the last quiet count as of now,
+		carried := int64(0) // unless it ended since: they make no rise
+		if p.width > 0 && !p.rest {
+			carried = p.held(p.at)
+		}
 		*p = flow{width: w, at: n, armed: p.armed, rest: p.rest, from: p.from, topLast: p.topLast,
-			ends: p.ends}
+			ends: p.ends, peak: p.peak}
+		p.slots[slotOf(n)] = carried
 	}
 	p.latest = max(p.latest, int64(el))
 	if n > p.at {
