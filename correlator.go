@@ -206,9 +206,9 @@ func (c *correlator) observe(ln line) *entry {
 		}
 	}
 	if c.paced > 0 && (key.level == levelWarning || key.level == levelError) {
-		if e.flow == nil {
+		if e.flow == nil { // a storm that ended before its flow was counted rests until it rises
 			w := c.window(windowKey{key.level, key.plugin})
-			e.flow = &flow{ends: &w.ends}
+			e.flow = &flow{ends: &w.ends, rest: e.storm > 0}
 			if key.combined() {
 				w.resume(key, e.flow)
 			}

@@ -143,13 +143,17 @@ type flow struct {
 func (p *flow) add(at time.Time, el, quiet time.Duration, top bool) {
 	w := int64(quiet / flowSlots)
 	n := int64(el) / max(w, 1)
-	if p.width != w { // new, or quiet changed: counted afresh, from its peak
-		counted := int64(0)
+	if p.width != w { // new, or quiet changed: counted afresh, from its peak; the lines of the
+		counted, carried := int64(0), int64(0) // last quiet count as of now, unless it ended since
 		if p.width != 0 {
 			counted = n
 		}
+		if p.width > 0 && !p.rest {
+			carried = p.held(p.at)
+		}
 		*p = flow{width: w, at: n, armed: p.armed, rest: p.rest, from: p.from, topLast: p.topLast,
 			ends: p.ends, peak: p.peak, counted: counted}
+		p.slots[slotOf(n)] = carried
 	}
 	p.latest = max(p.latest, int64(el))
 	if n > p.at {
