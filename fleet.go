@@ -3,6 +3,7 @@ package k8s_event
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -16,8 +17,11 @@ import (
 // controller (a list of the pod, which CoreDNS's rights allow), then its ReplicaSet's, then the
 // Deployment or the DaemonSet, with get; later reads get only the last. Reads take a token of the
 // read bucket (fleetReads at once, one every fleetStale), so that the fleet reads the API server at
-// most N x (fleetReads + T / fleetStale) times over any T. Reads refused for good (no rights, no
-// such object, a workload of another kind) leave the rate bound alone in force, said once.
+// most N x (fleetReads + T / fleetStale) times over any T that it answers. A read that got no
+// answer keeps its token until a read is answered, and then gives it back: an outage that cut the
+// first finding off, or took the connection with a read on it, leaves the reads the finding needs
+// for the server's return. Reads refused for good (no rights, no such object, a workload of
+// another kind) leave the rate bound alone in force, said once.
 //
 // The herd spread: at start and after an outage (no answer, a 5xx), the replica's first write
 // waits a random part of a window of N / herdRate, at most herdMaxWindow, so that N replicas that
@@ -55,8 +59,9 @@ type fleet struct {
 	fails   int
 	lost    bool // N cannot be read: the rate bound alone is in force
 
-	buckets [numBuckets]*bucket // each replica's share, per reason
-	reads   *bucket
+	buckets    [numBuckets]*bucket // each replica's share, per reason
+	reads      *bucket
+	unanswered []uint64 // the reads out of reads that got no answer, given back at the next answer
 
 	herdArmed bool      // the next write waits its part of the window
 	herdAt    time.Time // when it may go, once drawn
@@ -137,7 +142,7 @@ func (e errNoFleet) Error() string {
 // readDone takes a read's answer, and returns the error to report.
 func (f *fleet) readDone(v verb, res result, now time.Time, r *rand.Rand) error {
 	f.reading = 0
-	f.reads.settle(res.id, res.reached, now)
+	f.settleRead(res, now)
 	if res.err != nil {
 		if res.outcome == writeRefused {
 			return f.give(res.err)
@@ -164,6 +169,24 @@ func (f *fleet) readDone(v verb, res result, now time.Time, r *rand.Rand) error 
 		return f.give(fmt.Errorf("%s %s is controlled by a %s", v.String(), f.name, kind))
 	}
 	return nil
+}
+
+// settleRead ends a read's token: a read that got no answer keeps it out until a read is
+// answered, then it is given back, as if never made.
+func (f *fleet) settleRead(res result, now time.Time) {
+	if res.reached && res.err != nil && statusCode(res.err) == 0 {
+		if len(f.unanswered) == fleetReads { // the bucket holds no more: the oldest is spent
+			f.reads.settle(f.unanswered[0], true, now)
+			f.unanswered = slices.Delete(f.unanswered, 0, 1)
+		}
+		f.unanswered = append(f.unanswered, res.id)
+		return
+	}
+	for _, id := range f.unanswered {
+		f.reads.settle(id, false, now)
+	}
+	f.unanswered = f.unanswered[:0]
+	f.reads.settle(res.id, res.reached, now)
 }
 
 // give gives N up: the rate bound alone, said once.

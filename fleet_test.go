@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -327,5 +329,87 @@ func TestFleetWithoutThePodsNameKeepsTheRateBound(t *testing.T) {
 	}
 	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Error(), "COREDNS_POD_NAME or COREDNS_NAMESPACE is not set") {
 		t.Errorf("reports %v, want one that says the pod's name is not set", h.reports)
+	}
+}
+
+// apiAway takes the API server out of reach while *down, as a network that drops the path does:
+// the first request after the path is lost goes out on the open connection and is reset (it was
+// sent: it may have cost a token), the others find no connection.
+func apiAway(api *fakeAPI, down *bool) {
+	open := true
+	api.setFault(func(apiRequest) fault {
+		switch {
+		case !*down:
+			open = true
+			return fault{}
+		case open:
+			open = false
+			return fault{reset: true}
+		}
+		return fault{unsent: true}
+	})
+}
+
+// TestFleetWritesAgainSoonAfterAnOutageThatTookItsReads: the reads of N that an outage cut off
+// do not keep a replica from writing after the API server's return: it writes within 82 s plus
+// the herd's window, with its share of N, not the floor alone.
+func TestFleetWritesAgainSoonAfterAnOutageThatTookItsReads(t *testing.T) {
+	h, api, clk := newTestHarness(t, fleetConfig(1, 5))
+	addDeployment(api, testRef.Name, 3, intstr.FromInt32(1))
+	down, line := true, 0
+	apiAway(api, &down)
+	logFor := func(d time.Duration) { // a new event every 5 s
+		for end := clk.Now().Add(d); clk.Now().Before(end); line++ {
+			h.observe(ln(levelError, "errors", fmt.Sprint("upstream down ", line), clk.Now()))
+			h.advance(5 * time.Second)
+		}
+	}
+	for flap := range 3 { // the network flaps at start: each cut costs a request on the connection
+		down = true
+		logFor(herdMaxWindow + 10*time.Second)
+		down = false
+		if flap < 2 {
+			logFor(time.Second)
+		}
+	}
+	up := clk.Now()
+	logFor(82*time.Second + time.Duration(4/herdRate*float64(time.Second)))
+	var after []time.Time
+	for _, at := range reachedAt(api, levelError.reason()) {
+		if !at.Before(up) {
+			after = append(after, at)
+		}
+	}
+	if len(after) < 2 || h.s.fleet.n != 4 {
+		t.Errorf("%d writes within %v of the API server's return with N %d, want its share of "+
+			"N 4 (2.25 at once): reads %q", len(after), clk.Now().Sub(up), h.s.fleet.n, reads(api))
+	}
+}
+
+// TestFleetReadsWithNoAnswerStayWithinTheReadBucket: reads that get no answer through an outage of
+// a day are capped by the read bucket, and keep at most the bucket's tokens out; once a read is
+// answered, those come back.
+func TestFleetReadsWithNoAnswerStayWithinTheReadBucket(t *testing.T) {
+	now := epoch
+	f := newFleet(1, 5, "coredns-0", now)
+	r := rand.New(rand.NewPCG(1, 2))
+	sent := 0
+	for end := now.Add(24 * time.Hour); now.Before(end); now = now.Add(time.Second) {
+		if _, read, _ := f.readDue(now, false); read {
+			req := f.read(uint64(sent+1), "kube-system", now)
+			sent++
+			_ = f.readDone(req.verb, result{id: req.id, reached: true, err: errors.New("connection reset")}, now, r)
+		}
+	}
+	if limit := fleetReads + int(24*time.Hour/fleetStale); sent > limit || sent <= fleetReads {
+		t.Errorf("%d reads with no answer in a day, want at most %d", sent, limit)
+	}
+	if n := f.reads.inFlight(); n > fleetReads {
+		t.Errorf("%d reads kept out, want at most %d", n, fleetReads)
+	}
+	req := f.read(uint64(sent+1), "kube-system", now)
+	_ = f.readDone(req.verb, result{id: req.id, reached: true, err: apierrors.NewInternalError(errors.New("etcd"))}, now, r)
+	if tokens := f.reads.tokens; tokens < fleetReads-1 {
+		t.Errorf("%.1f read tokens after an answer, want the %d given back less the one answered", tokens, fleetReads)
 	}
 }

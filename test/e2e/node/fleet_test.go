@@ -6,7 +6,9 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -56,7 +59,6 @@ replicas:
 // reaches the API server during the outage, every replica writes again after it, and API Priority
 // and Fairness dispatched (or rejected) each one in the level k8s-event.
 func TestFleetWritesStayWithinTheFleetBoundThroughAnAPIOutage(t *testing.T) {
-	t.Skip("known defect: after a 30 s outage only 1 of 3 replicas with fleet wrote again within 82 s + W; the recovery bound with fleet does not hold yet")
 	if err := cluster.NodeSupported(); err != nil {
 		fmt.Fprintf(os.Stderr, "SKIP TestFleetWritesStayWithinTheFleetBoundThroughAnAPIOutage: %v\n", err)
 		t.Skip(err)
@@ -139,6 +141,7 @@ func TestFleetWritesStayWithinTheFleetBoundThroughAnAPIOutage(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
+			e.dumpFleet(t, pods, writes)
 			t.Fatalf("after the outage only %d of %d replicas wrote within %v", len(after), len(pods), deadline.Sub(up))
 		}
 		time.Sleep(time.Second)
@@ -278,6 +281,28 @@ func (e *nodeEnv) fleetWrites(t *testing.T) []fleetWrite {
 	}
 	slices.SortFunc(out, func(a, b fleetWrite) int { return a.at.Compare(b.at) })
 	return out
+}
+
+// dumpFleet logs what each replica wrote, its plugin's metrics and the end of its log.
+func (e *nodeEnv) dumpFleet(t *testing.T, pods []corev1.Pod, writes []fleetWrite) {
+	t.Helper()
+	for _, w := range writes {
+		t.Logf("write %s %s %s %d", w.at.Format("15:04:05.000"), w.pod, w.verb, w.code)
+	}
+	for _, p := range pods {
+		metrics := ""
+		if resp, err := http.Get("http://" + net.JoinHostPort(p.Status.PodIP, "9153") + "/metrics"); err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, line := range strings.Split(string(body), "\n") {
+				if strings.HasPrefix(line, "coredns_k8s_event_") {
+					metrics += line + "\n"
+				}
+			}
+		}
+		logs, _, _ := e.kube.Kubectl(t.Context(), "-n", "kube-system", "logs", "--tail=60", p.Name)
+		t.Logf("--- %s metrics ---\n%s--- %s log ---\n%s", p.Name, metrics, p.Name, logs)
+	}
 }
 
 func iptables(t *testing.T, args ...string) {
