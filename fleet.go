@@ -3,7 +3,6 @@ package k8s_event
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"time"
 )
 
@@ -18,10 +17,11 @@ import (
 // Deployment or the DaemonSet, with get; later reads get only the last. Reads take a token of the
 // read bucket (fleetReads at once, one every fleetStale), so that the fleet reads the API server at
 // most N x (fleetReads + T / fleetStale) times over any T that it answers. A read that got no
-// answer keeps its token until a read is answered, and then gives it back: an outage that cut the
-// first finding off, or took the connection with a read on it, leaves the reads the finding needs
-// for the server's return. Reads refused for good (no rights, no such object, a workload of
-// another kind) leave the rate bound alone in force, said once.
+// answer (the connection reset, a time-out) gives its token back: the backoff alone paces those,
+// 1 s doubling to a minute, at most 7 + T / 60 per replica. The first finding takes three reads
+// in a row, and an outage that took one of them would otherwise leave the replica on the floor
+// alone for ten minutes after the API server's return. Reads refused for good (no rights, no such
+// object, a workload of another kind) leave the rate bound alone in force, said once.
 //
 // The herd spread: at start and after an outage (no answer, a 5xx), the replica's first write
 // waits a random part of a window of N / herdRate, at most herdMaxWindow, so that N replicas that
@@ -59,9 +59,8 @@ type fleet struct {
 	fails   int
 	lost    bool // N cannot be read: the rate bound alone is in force
 
-	buckets    [numBuckets]*bucket // each replica's share, per reason
-	reads      *bucket
-	unanswered []uint64 // the reads out of reads that got no answer, given back at the next answer
+	buckets [numBuckets]*bucket // each replica's share, per reason
+	reads   *bucket
 
 	herdArmed bool      // the next write waits its part of the window
 	herdAt    time.Time // when it may go, once drawn
@@ -171,22 +170,11 @@ func (f *fleet) readDone(v verb, res result, now time.Time, r *rand.Rand) error 
 	return nil
 }
 
-// settleRead ends a read's token: a read that got no answer keeps it out until a read is
-// answered, then it is given back, as if never made.
+// settleRead ends a read's token: spent if the API server answered it, given back if it got no
+// answer (as if never made), when the backoff alone paces the reads.
 func (f *fleet) settleRead(res result, now time.Time) {
-	if res.reached && res.err != nil && statusCode(res.err) == 0 {
-		if len(f.unanswered) == fleetReads { // the bucket holds no more: the oldest is spent
-			f.reads.settle(f.unanswered[0], true, now)
-			f.unanswered = slices.Delete(f.unanswered, 0, 1)
-		}
-		f.unanswered = append(f.unanswered, res.id)
-		return
-	}
-	for _, id := range f.unanswered {
-		f.reads.settle(id, false, now)
-	}
-	f.unanswered = f.unanswered[:0]
-	f.reads.settle(res.id, res.reached, now)
+	answered := res.err == nil || statusCode(res.err) != 0
+	f.reads.settle(res.id, res.reached && answered, now)
 }
 
 // give gives N up: the rate bound alone, said once.
