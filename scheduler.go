@@ -282,12 +282,14 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		fleetRead, write := false, !read
 		if write {
 			w, due, must := s.fleet.readDue(now, s.stopping)
-			if must { // the write waits for N
-				if w > 0 {
-					soon(now.Add(w))
-				}
+			if w > 0 { // the write waits for N, or a read of N comes then
+				soon(now.Add(w))
+			}
+			if must {
 				break
 			}
+			// a stale N is read again only for a write its share lets go
+			due = due && (s.fleet.n == 0 || s.fleet.wait(b, now) == 0)
 			fleetRead = s.fleetReadable(due, now)
 			write = !fleetRead
 		}
@@ -566,7 +568,7 @@ func (s *scheduler) outcome(res result, now time.Time) {
 		heldTotal.Add(s.push.tooMany(now, res.retryAfter, s.rand).Seconds())
 	case res.err != nil && (code == 0 || code >= 500): // the API server is away
 		s.fleet.outage()
-	case res.err == nil && !f.read && !f.fleet:
+	case res.err == nil || code != 0: // answered, within the server's budget
 		s.push.succeeded()
 	}
 	if q := s.queues[f.bucket]; f.e != nil { // its plugin has one fewer out
