@@ -20,8 +20,9 @@ import (
 // fails (no answer, a 5xx, a 429) gives its token back: the backoff paces those, 1 s doubling to
 // a minute, at most 7 + T / 60 per replica while they fail (a 429 also holds the replica). The
 // first finding takes three reads in a row, and an outage that took one of them would otherwise
-// leave the replica on the floor alone for ten minutes after the API server's return. Reads refused for good (no rights, no such
-// object, a workload of another kind) leave the rate bound alone in force, said once.
+// leave the replica on the floor alone for ten minutes after the API server's return. Reads
+// refused for good (no rights, no such object, a workload of another kind) leave the rate bound
+// alone in force, said once.
 //
 // The herd spread: at start and after an outage (no answer, a 5xx), the replica's first write
 // waits a random part of a window of N / herdRate, at most herdMaxWindow, so that N replicas that
