@@ -326,7 +326,7 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		}
 		s.fleet.take(b, id, now)
 		s.fleet.wrote()
-		q.served(e)
+		q.served(e, id)
 		q.flying[e.key.plugin]++
 		reqs = append(reqs, s.prepare(e, id, b, now))
 	}
@@ -613,9 +613,10 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 			e.name = ""
 		}
 		eventWrites.WithLabelValues(e.key.level.reason(), f.verb.String()).Inc()
-	case writeGone: // the event expired or was deleted: create it anew, first
+	case writeGone: // the event expired or was deleted: create it anew, in the patch's turn
 		e.name, e.doubt, expected = "", 0, "gone"
 		e.slot.recreate = true
+		s.queues[bucketOf(e)].resume(e)
 	case writeExists:
 		if f.retry { // a create that got no answer had been applied: patch it
 			// the least it holds: an unanswered retry may have been the one applied
