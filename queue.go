@@ -151,6 +151,8 @@ type tokenQueue struct {
 	unwritten list.List      // of the entries never written that wait, oldest first
 	changed   []*turnQueue   // plugins whose oldest never written may have changed
 	flying    map[string]int // requests in flight, by plugin
+	// recreating is the re-creates waiting first in their plugins: each adds a refill to the bound
+	recreating int
 }
 
 func newTokenQueue() *tokenQueue {
@@ -231,6 +233,9 @@ func (q *tokenQueue) pushFirst(e *entry) { heap.Push(&q.first, e) }
 func (q *tokenQueue) push(e *entry, settling bool) {
 	p := q.plugin(e.key.plugin)
 	if settling || e.slot.recreate {
+		if e.slot.recreate {
+			q.recreating++
+		}
 		q.into(&p.settling, p, e)
 		return
 	}
@@ -293,6 +298,9 @@ func (q *tokenQueue) into(h *entryHeap, t *turnQueue, e *entry) {
 
 func (q *tokenQueue) remove(e *entry) {
 	t := e.slot.owner
+	if e.slot.recreate && t != nil && e.slot.in == &t.settling {
+		q.recreating--
+	}
 	heap.Remove(e.slot.in, e.slot.index)
 	for ; t != nil && t.empty() && t.index >= 0; t = t.parent {
 		switch t.depth {

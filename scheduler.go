@@ -358,8 +358,9 @@ func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
 }
 
 // showDelays shows, by reason, the oldest event never written, and the bound
-// of a new line: a refill for each plugin waiting, the write, and a refill and a write's time
-// for each read of the pod left.
+// of a new line: a refill for each plugin waiting and one more for each re-create waiting (its
+// plugin's turn is of two writes), the write, and a refill and a write's time for each read of
+// the pod left.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		since := s.showPlugins(l)
@@ -369,7 +370,8 @@ func (s *scheduler) showDelays() {
 		}
 		// each read of the pod left takes a token and its time: a list, then a get
 		reads := float64(s.pod.readsLeft())
-		turns := float64(max(len(s.queues[l].turns), 1)) + reads
+		q := s.queues[l]
+		turns := float64(max(len(q.turns), 1)+min(q.recreating, len(q.turns))) + reads
 		refills := min(turns/qps, 365*24*3600)
 		bound := time.Duration(refills*1e9) + writeTimeout*time.Duration(1+reads)
 		bound += s.fleet.window()

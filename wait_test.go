@@ -292,3 +292,36 @@ func TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound(t *testing.T) 
 	}
 	t.Errorf("reload's line is not written within %v", 4*bound)
 }
+
+// TestBoundShownCountsARecreateWaiting: reload had a turn after forward's
+// line of an expired event began to wait, so forward's re-create, its
+// patch's write continued, goes before reload's next line. The bound shown
+// for that line (which the alert CoreDNSEventsDelayed compares its age to)
+// counts the re-create waiting: the line is written within the largest
+// bound shown while it waits.
+func TestBoundShownCountsARecreateWaiting(t *testing.T) {
+	const refill = 300 * time.Second
+	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
+	h.observe(ln(levelError, "reload", "Corefile changed", clk.Now()))
+	drain(h) // reload is served first
+	h.advance(refill)
+	h.observe(ln(levelError, "forward", "upstream X down", clk.Now()))
+	drain(h) // then forward
+	h.advance(2 * time.Hour)
+	api.expire()
+	h.observe(ln(levelError, "forward", "upstream X down", clk.Now())) // a patch: it finds it gone
+	h.observe(ln(levelError, "reload", "reload failed", clk.Now()))
+	drain(h) // reload's turn comes first: its line takes the one token
+	logged := clk.Now()
+	h.observe(ln(levelError, "reload", "Corefile broken", logged))
+	drain(h)
+	var bound time.Duration
+	for !holds(api, "Corefile broken") && clk.Since(logged) < 2*time.Hour {
+		bound = max(bound, time.Duration(delays[levelError].bound.Load()))
+		h.advance(time.Second)
+	}
+	if wait := clk.Since(logged); wait > bound {
+		t.Errorf("reload's line is written %v after it was logged, past the largest bound "+
+			"shown, %v", wait, bound)
+	}
+}
