@@ -71,10 +71,18 @@ func newTokenOrder() *tokenOrder {
 func (o *tokenOrder) answered(e *entry, res result) {
 	if e != nil && res.outcome == writeGone {
 		o.gone[e] = true
-		b := o.buckets[bucketOf(e)]
-		if e.slot.stamp != 0 && e.slot.stamp < b.plugins[e.key.plugin] {
-			b.plugins[e.key.plugin] = e.slot.stamp
-		}
+	}
+}
+
+// resumed takes the answer to the request of e as the scheduler gets it: a plugin whose patch
+// found its event gone takes back the turn it had when e began to wait.
+func (o *tokenOrder) resumed(e *entry, res result) {
+	if e == nil || res.outcome != writeGone {
+		return
+	}
+	b := o.buckets[bucketOf(e)]
+	if e.slot.stamp != 0 && e.slot.stamp < b.plugins[e.key.plugin] {
+		b.plugins[e.key.plugin] = e.slot.stamp
 	}
 }
 
