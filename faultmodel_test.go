@@ -331,7 +331,7 @@ func (m *model) inspect(f func(s *scheduler)) {
 		return
 	}
 	done := make(chan struct{})
-	if m.p.post(context.Background(), func(time.Time) { f(m.p.sched); close(done) }) {
+	if m.p.post(context.Background(), inspectMsg{look: f, done: done}) {
 		<-done
 		return
 	}

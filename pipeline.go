@@ -36,7 +36,7 @@ type pipeline struct {
 	outcome  func(res result, now time.Time)
 	client   kubernetes.Interface // run's own; apply replaces it
 	results  chan result
-	control  chan func(now time.Time)
+	inbox    chan message
 	reporter rejectionLog
 	said     sync.WaitGroup // the plugin's own log lines being written
 
@@ -58,7 +58,7 @@ func newPipeline(cfg config, client kubernetes.Interface, pod podIdentity,
 		sched:        newScheduler(cfg, pod, clk.Now()),
 		client:       client,
 		results:      make(chan result, numBuckets*maxInFlight+1),
-		control:      make(chan func(time.Time)),
+		inbox:        make(chan message),
 		writeTimeout: writeTimeout,
 		fatalTimeout: fatalTimeout,
 		done:         make(chan struct{}),
@@ -85,15 +85,17 @@ func (p *pipeline) start() { go p.run() }
 func (p *pipeline) run() {
 	defer close(p.done)
 	lines := (<-chan line)(p.listener.lines)
+	take := lines // nil while a batch pause lasts
 	var timer clock.Timer
-	var wake <-chan time.Time
+	var pause *time.Timer
+	var wake, resume <-chan time.Time
 	var batch time.Time
 	for {
 		dispatch := true
 		select {
-		case ln, ok := <-lines:
+		case ln, ok := <-take:
 			if !ok {
-				lines = nil
+				lines, take = nil, nil
 				break
 			}
 			dispatch = p.sched.observe(ln)
@@ -106,19 +108,25 @@ func (p *pipeline) run() {
 					taken++
 				}
 			}
-			// Lines more often than stormGap are taken in batches: a parked
-			// goroutine costs the listener a thread wake-up per line, one asleep
-			// for batchPause one per batch (real time). No pause when lines wait.
+			// Lines more often than stormGap are taken in batches: a parked goroutine costs
+			// the listener a thread wake-up per line, one that takes no line for batchPause
+			// one per batch. No pause when lines wait; results and messages are taken
+			// meanwhile. The pause is of real time, as the wake-ups it saves are: everything
+			// run schedules is on the injected clock.
 			now := time.Now()
 			if taken < queueSize && now.Sub(batch) < stormGap {
-				time.Sleep(batchPause)
+				pause = time.NewTimer(batchPause)
+				take, resume = nil, pause.C
 			}
 			batch = now
+		case <-resume:
+			take, resume = lines, nil
+			continue
 		case res := <-p.results:
 			p.outcome(res, p.clock.Now())
 		case <-wake:
-		case f := <-p.control:
-			f(p.clock.Now())
+		case m := <-p.inbox:
+			p.take(m, p.clock.Now())
 		}
 		if !dispatch {
 			continue
@@ -129,6 +137,9 @@ func (p *pipeline) run() {
 			p.send(r)
 		}
 		if lines == nil && p.sched.finished(reqs, next) {
+			if pause != nil {
+				pause.Stop()
+			}
 			p.sched.dropRemaining()
 			return
 		}
@@ -153,10 +164,70 @@ func (p *pipeline) send(r request) {
 	}()
 }
 
-// post hands f to run; false when run is gone or ctx ended first.
-func (p *pipeline) post(ctx context.Context, f func(now time.Time)) bool {
+// message is what run takes besides lines, results and its timer: one of the types below.
+type message interface{ inbox() }
+
+// grant is run's answer to a fatalMsg: the request to make, if a token was taken, and the client.
+type grant struct {
+	req    request
+	ok     bool
+	client kubernetes.Interface
+}
+
+type (
+	// applyMsg brings new settings and the client of a reload; done is closed once in force.
+	applyMsg struct {
+		cfg    config
+		client kubernetes.Interface
+		done   chan struct{}
+	}
+	// fatalMsg asks a token and a request for a fatal line; the answer comes on reply at once.
+	fatalMsg struct {
+		ln    line
+		reply chan<- grant
+	}
+	// stopMsg begins the flush: what is pending is written as tokens allow until end.
+	stopMsg struct{ end time.Time }
+	// expireMsg says that the flush's time is up: nothing more is sent.
+	expireMsg struct{}
+	// inspectMsg runs look on the scheduler in run's goroutine, which owns it: the fault models
+	// read its state so. done is closed after.
+	inspectMsg struct {
+		look func(*scheduler)
+		done chan struct{}
+	}
+)
+
+func (applyMsg) inbox()   {}
+func (fatalMsg) inbox()   {}
+func (stopMsg) inbox()    {}
+func (expireMsg) inbox()  {}
+func (inspectMsg) inbox() {}
+
+// take carries out m, in run.
+func (p *pipeline) take(m message, now time.Time) {
+	switch m := m.(type) {
+	case applyMsg:
+		p.client = m.client
+		p.sched.apply(m.cfg, now)
+		close(m.done)
+	case fatalMsg:
+		req, ok := p.sched.fatal(m.ln, now)
+		m.reply <- grant{req, ok, p.client}
+	case stopMsg:
+		p.sched.stop(now, m.end.Sub(now))
+	case expireMsg:
+		p.sched.expire()
+	case inspectMsg:
+		m.look(p.sched)
+		close(m.done)
+	}
+}
+
+// post hands m to run; false when run is gone or ctx ended first.
+func (p *pipeline) post(ctx context.Context, m message) bool {
 	select {
-	case p.control <- f:
+	case p.inbox <- m:
 		return true
 	case <-p.done:
 	case <-ctx.Done():
@@ -168,11 +239,7 @@ func (p *pipeline) post(ctx context.Context, f func(now time.Time)) bool {
 func (p *pipeline) apply(cfg config, client kubernetes.Interface) {
 	p.listener.levels.Store(uint32(cfg.levels))
 	applied := make(chan struct{})
-	if p.post(context.Background(), func(now time.Time) {
-		p.client = client
-		p.sched.apply(cfg, now)
-		close(applied)
-	}) {
+	if p.post(context.Background(), applyMsg{cfg: cfg, client: client, done: applied}) {
 		<-applied
 	}
 }
@@ -185,16 +252,8 @@ func (p *pipeline) writeFatal(ln line) {
 	t.see()
 	ctx, cancel := context.WithTimeout(p.ctx, p.fatalTimeout)
 	defer cancel()
-	type grant struct {
-		req    request
-		ok     bool
-		client kubernetes.Interface
-	}
 	granted := make(chan grant, 1)
-	if !p.post(ctx, func(now time.Time) {
-		req, ok := p.sched.fatal(ln, now)
-		granted <- grant{req, ok, p.client}
-	}) {
+	if !p.post(ctx, fatalMsg{ln: ln, reply: granted}) {
 		t.drop(dropFailed)
 		return
 	}
@@ -229,12 +288,12 @@ func (p *pipeline) stop(timeout time.Duration) {
 		expire := time.AfterFunc(timeout, func() {
 			close(expired)
 			p.cancel() // requests in flight end now
-			p.post(context.Background(), func(time.Time) { p.sched.expire() })
+			p.post(context.Background(), expireMsg{})
 		})
 		defer expire.Stop()
 		end := p.clock.Now().Add(timeout) // deregistering may wait for a fatal line
 		p.deregister()
-		p.post(context.Background(), func(now time.Time) { p.sched.stop(now, end.Sub(now)) })
+		p.post(context.Background(), stopMsg{end: end})
 		<-p.done
 		p.cancel()
 		go func() { p.said.Wait(); close(said) }()

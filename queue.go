@@ -64,43 +64,55 @@ func byTime(a, b *entry) bool  { return a.slot.at.Before(b.slot.at) }
 
 // The depths of a turnQueue.
 const (
-	depthPlugin = iota
+	depthPlugin uint8 = iota
 	depthShape
 	depthMember
 )
 
 // turnQueue is what one plugin, one shape of a plugin, or one member of a shape has waiting in one
-// bucket: a plugin's shapes take turns, and a shape's members with new events.
+// bucket: a plugin's shapes take turns, and a shape's members with new events. What only a plugin
+// keeps is apart, so that the queues of a shape and a member, one each for most events, are small.
 type turnQueue struct {
-	depth      int
-	settling   entryHeap // of a plugin
-	updates    entryHeap // of a shape
-	fresh      entryHeap // of a member: its new events
-	updateNext bool      // of a shape
-	shapes     map[uint64]*turnQueue
-	members    map[string]*turnQueue
-	turns      turns         // of a plugin, its shapes waiting; of a shape, its members
-	parent     *turnQueue    // of a shape or a member
-	shape      uint64        // of a shape: its key in its plugin's shapes
-	member     string        // of a member: its key in its shape's members
-	served     uint64        // the turn it was last served
-	since      uint64        // the stamp it began to wait
-	index      int           // in the turns; -1 when nothing of it waits
-	unwritten  list.List     // of a plugin: its entries never written that wait, oldest first
-	age        *atomic.Int64 // of a plugin: its metric (metrics.go), once shown
-	name       string        // of a plugin
-	changed    bool          // of a plugin: its oldest never written may have changed
+	*pluginTurns            // of a plugin; nil below
+	settling     entryHeap  // of a plugin
+	updates      entryHeap  // of a shape
+	fresh        entryHeap  // of a member: its new events
+	depth        uint8      // depthPlugin, depthShape or depthMember
+	updateNext   bool       // of a shape
+	turns        turns      // of a plugin, its shapes waiting; of a shape, its members
+	parent       *turnQueue // of a shape or a member
+	shape        uint64     // of a shape: its key in its plugin's shapes
+	member       string     // of a member: its key in its plugin's members
+	served       uint64     // the turn it was last served
+	since        uint64     // the stamp it began to wait
+	index        int        // in the turns; -1 when nothing of it waits
 }
 
-func newTurnQueue(depth int, parent *turnQueue, served uint64) *turnQueue {
+// pluginTurns is what a plugin's turnQueue keeps beside those of its shapes and members.
+type pluginTurns struct {
+	shapes    map[uint64]*turnQueue
+	members   map[memberKey]*turnQueue // of all its shapes: one map, not one a shape
+	unwritten list.List                // its entries never written that wait, oldest first
+	age       *atomic.Int64            // its metric (metrics.go), once shown
+	name      string
+	changed   bool // its oldest never written may have changed
+}
+
+// memberKey is a member of a shape, in its plugin's members.
+type memberKey struct {
+	shape  uint64
+	member string
+}
+
+func newTurnQueue(depth uint8, parent *turnQueue, served uint64) *turnQueue {
 	t := &turnQueue{depth: depth, parent: parent, served: served, index: -1}
 	switch depth {
 	case depthPlugin:
 		t.settling.less = byStamp
-		t.shapes = map[uint64]*turnQueue{}
+		t.pluginTurns = &pluginTurns{shapes: map[uint64]*turnQueue{},
+			members: map[memberKey]*turnQueue{}}
 	case depthShape:
 		t.updates.less = byStamp
-		t.members = map[string]*turnQueue{}
 	default:
 		t.fresh.less = byStamp
 	}
@@ -256,11 +268,11 @@ func (q *tokenQueue) push(e *entry, settling bool) {
 		q.into(&sh.updates, sh, e)
 		return
 	}
-	mq := sh.members[m]
+	mq := p.members[memberKey{k, m}]
 	if mq == nil {
 		mq = newTurnQueue(depthMember, sh, e.slot.served)
 		mq.member = m
-		sh.members[m] = mq
+		p.members[memberKey{k, m}] = mq
 	}
 	q.into(&mq.fresh, mq, e)
 }
@@ -311,7 +323,7 @@ func (q *tokenQueue) remove(e *entry) {
 			delete(t.parent.shapes, t.shape)
 		default:
 			heap.Remove(&t.parent.turns, t.index)
-			delete(t.parent.members, t.member)
+			delete(t.parent.parent.members, memberKey{t.parent.shape, t.member})
 		}
 	}
 }
