@@ -20,7 +20,10 @@ import (
 // Options.NoFleet. Wherever the Corefile the pods read has fleet, the
 // install grants the workload's ServiceAccount what the plugin reads N
 // with (deploy/k8s_event/fleet): a Role of its own, get on the workload by
-// name, and on ReplicaSets for a Deployment.
+// name, and on ReplicaSets for a Deployment. The plugin finds the workload
+// from its pod's controller, read with a list of pods: CoreDNS's own
+// rights (system:coredns) allow it, but node-local-dns's service account
+// has no rights at all, so for a DaemonSet the Role grants that list too.
 //
 // The values, for the whole fleet, per reason:
 //   - BURST 100, four replicas' default bursts (rate's 25): a shared
@@ -57,7 +60,7 @@ func fleetFor(kind string, replicas int) (line, why string) {
 	line = fmt.Sprintf("fleet %s %d", FleetQPS, FleetBurst)
 	switch {
 	case kind == kindDaemonSet:
-		return line, "a DaemonSet runs a replica on every node"
+		return line, fmt.Sprintf("a DaemonSet runs a replica on every node: %d now", replicas)
 	case replicas > FleetThreshold:
 		return line, fmt.Sprintf("%d replicas, more than %d", replicas, FleetThreshold)
 	}
@@ -96,7 +99,7 @@ func optionFleet(options []string) string {
 }
 
 // planFleet decides the fleet line for a workload of kind with replicas
-// whose Corefile cf has read.
+// (a DaemonSet's desiredNumberScheduled) whose Corefile cf has read.
 func (r *run) planFleet(kind string, replicas int, cf *corefileText) {
 	r.fleet = fleetPlan{}
 	if own := optionFleet(r.o.Options); own != "" {
@@ -141,7 +144,10 @@ func fleetRBAC(ns, workload, kind, sa string) (*rbacv1.Role, *rbacv1.RoleBinding
 		Namespace: ns,
 		Labels:    map[string]string{DeploymentLabel: workload, managedByLabel: FieldManager},
 	}
-	rules := []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{workload}, Verbs: []string{"get"}}}
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{workload}, Verbs: []string{"get"}},
+	}
 	if kind != kindDaemonSet {
 		rules = []rbacv1.PolicyRule{
 			{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{workload}, Verbs: []string{"get"}},
