@@ -42,7 +42,7 @@ func nodeLocalCluster(t *testing.T, replace []string, nodes int) (*fake.Clientse
 	return c, k
 }
 
-// clusterObjects are the objects of c but pods and events (what the
+// clusterObjects are the objects of c but pods, events and revisions (what the
 // controller and the pods make), each as JSON without what the API server
 // sets (resourceVersion, generation, managedFields, status), by kind and
 // name.
@@ -64,6 +64,7 @@ func clusterObjects(t *testing.T, c *fake.Clientset) map[string]string {
 	add(c.RbacV1().RoleBindings("").List(ctx, all))
 	add(c.FlowcontrolV1().FlowSchemas().List(ctx, all))
 	add(c.FlowcontrolV1().PriorityLevelConfigurations().List(ctx, all))
+	add(c.CoordinationV1().Leases("").List(ctx, all))
 	out := map[string]string{}
 	for _, l := range lists {
 		items, err := meta.ExtractList(l)
@@ -176,6 +177,10 @@ func checkNodeLocalDryRun(t *testing.T, out string) {
 	}
 	if n := len(regexp.MustCompile(`(?m)^\s*\+\s+kubeapi$`).FindAllString(out, -1)); n != 4 {
 		t.Errorf("the dry run adds kubeapi to %d blocks, want 4:\n%s", n, out)
+	}
+	// Each block's added k8s_event stanza shows whole, its } included.
+	if n := len(regexp.MustCompile(`(?m)^\s*\+\s+fleet 0\.1 100\n\s*\+\s+\}$`).FindAllString(out, -1)); n != 4 {
+		t.Errorf("the dry run shows %d k8s_event stanzas whole, want 4:\n%s", n, out)
 	}
 }
 
