@@ -54,8 +54,9 @@ type groups []*group
 func (h groups) Len() int           { return len(h) }
 func (h groups) Less(i, j int) bool { return h[i].n > h[j].n }
 
-// first is, of the groups with the most entries, the one seen least recently: it looks only at
-// those, which the heap keeps at its top.
+// first is, of the groups with the most entries, the one with the fewest lines to write in the
+// entry it would evict (members: a host's event of many lines outlives a client's fresh names),
+// then seen least recently: it looks only at those, which the heap keeps at its top.
 func (h groups) first() *group {
 	best, stack := h[0], []int{0}
 	for len(stack) > 0 {
@@ -64,13 +65,22 @@ func (h groups) first() *group {
 		if i >= len(h) || h[i].n != h[0].n {
 			continue
 		}
-		if h[i].seen < best.seen {
+		if l, b := h[i].lines(), best.lines(); l < b || l == b && h[i].seen < best.seen {
 			best = h[i]
 		}
 		stack = append(stack, 2*i+1, 2*i+2)
 	}
 	return best
 }
+
+// lines is the lines to write of the entry a member's group would evict first; 0 above members.
+func (g *group) lines() int64 {
+	if front := g.Front(); front != nil {
+		return front.Value.(*entry).pending()
+	}
+	return 0
+}
+
 func (h groups) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].at, h[j].at = i, j }
 func (h *groups) Push(x any)   { g := x.(*group); g.at = len(*h); *h = append(*h, g) }
 func (h *groups) Pop() any {

@@ -3,6 +3,7 @@ package k8s_event
 import (
 	"cmp"
 	"fmt"
+	"hash/maphash"
 	"runtime"
 	"strings"
 	"testing"
@@ -212,7 +213,8 @@ func benchCacheBytes(b *testing.B, n int) {
 	for i := range maxPromoters { // every promoter full, of members at the length cap
 		p := s.corr.promoterOf(&window{})
 		for j := range promoterSlots {
-			p.add(fmt.Sprintf("%0*d", maxMemberLen, i*promoterSlots+j), budgetWindow)
+			m := fmt.Sprintf("%0*d", maxMemberLen, i*promoterSlots+j)
+			p.add(m, maphash.String(shapeSeed, m), budgetWindow)
 		}
 	}
 	mark(6)

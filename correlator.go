@@ -83,6 +83,37 @@ type window struct {
 	promoted ring[[maxPromoted]time.Duration]
 	promoter *promoter // of its members, once it has lines past its events of their own
 	ends     endBudget // the ends of its storms
+	rested   [maxEnds]rested
+	nextRest int
+}
+
+// rested is a storm that ended and did not rise since, whose event the cache let go: its next
+// event of the same key keeps the hysteresis, so that one line after an end makes no second end.
+type rested struct {
+	shape  uint64
+	member string
+	peak   int64
+}
+
+// rest keeps the hysteresis of e, leaving the cache, if its storm ended and did not rise since.
+func (c *correlator) rest(e *entry) {
+	if e.flow == nil || !e.flow.rest || !e.key.combined() {
+		return
+	}
+	w := c.window(windowKey{e.key.level, e.key.plugin})
+	w.rested[w.nextRest] = rested{e.key.shape, e.key.member, e.flow.peak}
+	w.nextRest = (w.nextRest + 1) % maxEnds
+}
+
+// resume gives a new event's flow the hysteresis its key kept, if any.
+func (w *window) resume(key eventKey, p *flow) {
+	for i, r := range w.rested {
+		if r.peak > 0 && r.shape == key.shape && r.member == key.member {
+			p.rest, p.peak = true, r.peak
+			w.rested[i] = rested{}
+			return
+		}
+	}
 }
 
 // ring is the times of the latest events of a budget.
@@ -137,7 +168,12 @@ func newCorrelator(size int, evicted func(*entry)) *correlator {
 	if err != nil {
 		panic(err) // maxWindows is positive
 	}
-	return &correlator{cache: newCache(size, evicted), windows: windows}
+	c := &correlator{windows: windows}
+	c.cache = newCache(size, func(e *entry) {
+		c.rest(e)
+		evicted(e)
+	})
+	return c
 }
 
 func (c *correlator) observe(ln line) *entry {
@@ -170,8 +206,12 @@ func (c *correlator) observe(ln line) *entry {
 		}
 	}
 	if c.paced > 0 && (key.level == levelWarning || key.level == levelError) {
-		if e.flow == nil {
-			e.flow = &flow{ends: &c.window(windowKey{key.level, key.plugin}).ends}
+		if e.flow == nil { // a storm that ended before its flow was counted rests until it rises
+			w := c.window(windowKey{key.level, key.plugin})
+			e.flow = &flow{ends: &w.ends, rest: e.storm > 0}
+			if key.combined() {
+				w.resume(key, e.flow)
+			}
 		}
 		// A top member holds its storm open only with more lines of its own than the threshold.
 		e.flow.add(ln.at, el, c.paced, top && recent > e.flow.threshold())
@@ -227,7 +267,7 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	m := f.member()
 	low := int64(0)
 	if m != "" {
-		low = c.promoterOf(w).add(m, at)
+		low = c.promoterOf(w).add(m, maphash.String(shapeSeed, f.whole()), at)
 	}
 	e, ok := c.cache.get(key)
 	if !ok && spent >= ownEvents+maxShapes {

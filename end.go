@@ -133,6 +133,9 @@ type flow struct {
 	rest    bool       // ended, and not above its threshold since
 	from    time.Time
 	topLast time.Time // the latest line of a top member
+	// counted is the first slot from which quiet changed: the quiets that end before a quiet past
+	// it held lines uncounted, and are no calm.
+	counted int64
 }
 
 // add counts a line at at, el on the correlator's elapsed time; top: of one of the event's top
@@ -140,9 +143,17 @@ type flow struct {
 func (p *flow) add(at time.Time, el, quiet time.Duration, top bool) {
 	w := int64(quiet / flowSlots)
 	n := int64(el) / max(w, 1)
-	if p.width != w { // new, or quiet changed: counted afresh
+	if p.width != w { // new, or quiet changed: counted afresh, from its peak; the lines of the
+		counted, carried := int64(0), int64(0) // last quiet count as of now, unless it ended since
+		if p.width != 0 {
+			counted = n
+		}
+		if p.width > 0 && !p.rest {
+			carried = p.held(p.at)
+		}
 		*p = flow{width: w, at: n, armed: p.armed, rest: p.rest, from: p.from, topLast: p.topLast,
-			ends: p.ends}
+			ends: p.ends, peak: p.peak, counted: counted}
+		p.slots[slotOf(n)] = carried
 	}
 	p.latest = max(p.latest, int64(el))
 	if n > p.at {
@@ -184,7 +195,7 @@ func (p *flow) threshold() int64 { return max(2, p.peak/100) }
 // calmAt is the end of the first slot whose quiet held fewer lines than
 // the threshold, in elapsed nanoseconds.
 func (p *flow) calmAt() int64 {
-	n, thr := p.at, p.threshold()
+	n, thr := max(p.at, p.counted+flowSlots-1), p.threshold()
 	for p.held(n) >= thr {
 		n++
 	}

@@ -113,6 +113,7 @@ type model struct {
 	endNames map[string]string // the name of the end event of each end message seen
 
 	hosts    *hosts         // the stepped model's failing hosts (faultpromote_test.go)
+	ends     *endWatch      // the stepped model's record of storms (faultends_test.go)
 	order    *tokenOrder    // the stepped model's reference of the token order
 	watch    *pipelineOrder // the concurrent model's
 	firsts   []*firstLine   // lines of plugins that had nothing pending, until checked
@@ -216,6 +217,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.h.got = m.held.told
 	m.watchOrder()
 	m.hosts = newHosts(seed)
+	m.ends = newEndWatch()
 	m.back = m.clk.Now().Add(-recoveryBound) // no outage before
 	// A quarter of the answers come back late, up to a second, and so out
 	// of the order of their requests, after later dispatches.
@@ -692,8 +694,10 @@ type firstLine struct {
 func (m *model) watchOrder() {
 	m.order = newTokenOrder()
 	m.h.dispatch = func(now time.Time) ([]request, time.Time) {
+		before := m.endsCheck()
 		reqs, wake, err := m.order.dispatch(m.h.s, now)
 		m.stats.ordered += len(reqs)
+		err = errors.Join(before, err, m.endsCheck())
 		if err != nil && len(m.h.failed) == 0 {
 			m.h.failed = append(m.h.failed, err)
 		}
@@ -718,6 +722,14 @@ func (m *model) watchOrder() {
 			}
 		}
 	}
+}
+
+// endsCheck checks the ends decided since the last look, in the stepped model.
+func (m *model) endsCheck() error {
+	if m.ends == nil {
+		return nil
+	}
+	return m.ends.check(m.h.s)
 }
 
 // setMode sets how the API behaves from now on.
@@ -751,6 +763,9 @@ func (m *model) noteFirst() {
 		if e == nil || x.seq > e.seq {
 			e = x
 		}
+	}
+	if e != nil && m.ends != nil {
+		m.ends.line(e, m.clk.Now(), m.quiet)
 	}
 	if e == nil || e.dropped > 0 {
 		return

@@ -16,8 +16,12 @@ import (
 // controller (a list of the pod, which CoreDNS's rights allow), then its ReplicaSet's, then the
 // Deployment or the DaemonSet, with get; later reads get only the last. Reads take a token of the
 // read bucket (fleetReads at once, one every fleetStale), so that the fleet reads the API server at
-// most N x (fleetReads + T / fleetStale) times over any T. Reads refused for good (no rights, no
-// such object, a workload of another kind) leave the rate bound alone in force, said once.
+// most N x (fleetReads + T / fleetStale) times over any T that it answers. A read that got no
+// answer (the connection reset, a time-out) gives its token back: the backoff alone paces those,
+// 1 s doubling to a minute, at most 7 + T / 60 per replica. The first finding takes three reads
+// in a row, and an outage that took one of them would otherwise leave the replica on the floor
+// alone for ten minutes after the API server's return. Reads refused for good (no rights, no such
+// object, a workload of another kind) leave the rate bound alone in force, said once.
 //
 // The herd spread: at start and after an outage (no answer, a 5xx), the replica's first write
 // waits a random part of a window of N / herdRate, at most herdMaxWindow, so that N replicas that
@@ -137,7 +141,7 @@ func (e errNoFleet) Error() string {
 // readDone takes a read's answer, and returns the error to report.
 func (f *fleet) readDone(v verb, res result, now time.Time, r *rand.Rand) error {
 	f.reading = 0
-	f.reads.settle(res.id, res.reached, now)
+	f.settleRead(res, now)
 	if res.err != nil {
 		if res.outcome == writeRefused {
 			return f.give(res.err)
@@ -164,6 +168,13 @@ func (f *fleet) readDone(v verb, res result, now time.Time, r *rand.Rand) error 
 		return f.give(fmt.Errorf("%s %s is controlled by a %s", v.String(), f.name, kind))
 	}
 	return nil
+}
+
+// settleRead ends a read's token: spent if the API server answered it, given back if it got no
+// answer (as if never made), when the backoff alone paces the reads.
+func (f *fleet) settleRead(res result, now time.Time) {
+	answered := res.err == nil || statusCode(res.err) != 0
+	f.reads.settle(res.id, res.reached && answered, now)
 }
 
 // give gives N up: the rate bound alone, said once.

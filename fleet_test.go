@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -327,5 +329,106 @@ func TestFleetWithoutThePodsNameKeepsTheRateBound(t *testing.T) {
 	}
 	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Error(), "COREDNS_POD_NAME or COREDNS_NAMESPACE is not set") {
 		t.Errorf("reports %v, want one that says the pod's name is not set", h.reports)
+	}
+}
+
+// apiAway takes the API server out of reach while *down, as a network that drops the path does:
+// the first request after the path is lost goes out on the open connection and is reset (it was
+// sent: it may have cost a token), the others find no connection. With timeouts, every request
+// reaches the server and its answer is lost.
+func apiAway(api *fakeAPI, down *bool, timeouts bool) {
+	open := true
+	api.setFault(func(apiRequest) fault {
+		switch {
+		case !*down:
+			open = true
+			return fault{}
+		case timeouts:
+			return fault{lost: true}
+		case open:
+			open = false
+			return fault{reset: true}
+		}
+		return fault{unsent: true}
+	})
+}
+
+// TestFleetWritesAgainSoonAfterAnOutageThatTookItsReads: the reads of N that an outage cut off
+// (reset with the connection, or timed out) do not keep a replica from writing after the API
+// server's return: it writes within 82 s plus the herd's window, with its share of N, not the
+// floor alone.
+func TestFleetWritesAgainSoonAfterAnOutageThatTookItsReads(t *testing.T) {
+	for _, timeouts := range []bool{false, true} {
+		t.Run(fmt.Sprint("timeouts=", timeouts), func(t *testing.T) {
+			h, api, clk := newTestHarness(t, fleetConfig(1, 5))
+			addDeployment(api, testRef.Name, 3, intstr.FromInt32(1))
+			down, line := true, 0
+			apiAway(api, &down, timeouts)
+			logFor := func(d time.Duration) { // a new event every 5 s
+				for end := clk.Now().Add(d); clk.Now().Before(end); line++ {
+					h.observe(ln(levelError, "errors", fmt.Sprint("upstream down ", line), clk.Now()))
+					h.advance(5 * time.Second)
+				}
+			}
+			for flap := range 3 { // the network flaps at start: each cut costs a request
+				down = true
+				logFor(herdMaxWindow + 10*time.Second)
+				down = false
+				if flap < 2 {
+					logFor(time.Second)
+				}
+			}
+			up := clk.Now()
+			logFor(82*time.Second + time.Duration(4/herdRate*float64(time.Second)))
+			var after []time.Time
+			for _, at := range reachedAt(api, levelError.reason()) {
+				if !at.Before(up) {
+					after = append(after, at)
+				}
+			}
+			if len(after) < 2 || h.s.fleet.n != 4 {
+				t.Errorf("%d writes within %v of the API server's return with N %d, want its "+
+					"share of N 4 (2.25 at once): reads %q", len(after), clk.Now().Sub(up),
+					h.s.fleet.n, reads(api))
+			}
+		})
+	}
+}
+
+// TestFleetReadsWithNoAnswerArePacedByTheBackoff: through an API server away for a day, reads
+// that get no answer give their tokens back and are paced by the backoff, 1 s doubling to a
+// minute: at most 7 + T / 60. Answered reads that fail take the read bucket's tokens.
+func TestFleetReadsWithNoAnswerArePacedByTheBackoff(t *testing.T) {
+	now := epoch
+	f := newFleet(1, 5, "coredns-0", now)
+	r := rand.New(rand.NewPCG(1, 2))
+	sent := 0
+	const day = 24 * time.Hour
+	for end := now.Add(day); now.Before(end); now = now.Add(time.Second) {
+		if _, read, _ := f.readDue(now, false); read {
+			sent++
+			req := f.read(uint64(sent), "kube-system", now)
+			res := result{id: req.id, reached: true, err: errors.New("connection reset")}
+			_ = f.readDone(req.verb, res, now, r)
+		}
+	}
+	if limit := 7 + int(day/retryMax); sent > limit || sent < int(day/retryMax)*5/6 {
+		t.Errorf("%d reads with no answer in a day, want the backoff's pace, at most %d", sent, limit)
+	}
+	if tokens := f.reads.tokens; tokens != fleetReads {
+		t.Errorf("%.1f read tokens, want all %d: no read was answered", tokens, fleetReads)
+	}
+	for range fleetReads + 1 { // answered with 500: each takes a token
+		now = now.Add(2 * retryMax)
+		if _, read, _ := f.readDue(now, false); !read {
+			break
+		}
+		sent++
+		req := f.read(uint64(sent), "kube-system", now)
+		res := result{id: req.id, reached: true, err: apierrors.NewInternalError(errors.New("etcd"))}
+		_ = f.readDone(req.verb, res, now, r)
+	}
+	if w := f.reads.wait(now); w <= 0 {
+		t.Errorf("the read bucket has a token after %d answered reads in %v", fleetReads, 2*retryMax*fleetReads)
 	}
 }

@@ -182,10 +182,15 @@ func (h *hitters) names(storm bool) string {
 // member is what a line is about: its first DNS name, else its first IP address without its port;
 // empty if neither. At most maxMemberLen bytes, a part of the line.
 func (f *found) member() string {
+	return cutMember(f.whole())
+}
+
+// whole is the member uncut: members are counted by its hash, so that names cut alike stay apart.
+func (f *found) whole() string {
 	if f.name == "" && f.ip != "" {
-		return cutMember(hostOf(f.ip))
+		return hostOf(f.ip)
 	}
-	return cutMember(f.name)
+	return f.name
 }
 
 // hostOf is the IP address of a word, its port cut; empty if none.
@@ -294,13 +299,12 @@ func (p *promoter) forget(k int) {
 	}
 }
 
-// add counts a line of member at at (the correlator's elapsed time) and returns the exact lower
-// bound of member's lines within the window.
-func (p *promoter) add(member string, at time.Duration) int64 {
+// add counts a line of member, whose uncut text hashes to x, at at (the correlator's elapsed
+// time) and returns the exact lower bound of member's lines within the window.
+func (p *promoter) add(member string, x uint64, at time.Duration) int64 {
 	p.used = at
 	p.advance(int64(at / promoterGen))
 	g := p.gen % promoterGens
-	x := maphash.String(shapeSeed, member)
 	k := p.find(x)
 	if p.index[k] != 0 {
 		c := &p.slots[p.index[k]-1]

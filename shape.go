@@ -78,7 +78,10 @@ func appendShape(b []byte, s string, f *found) []byte {
 			m |= classes[c]
 			continue
 		}
-		if m&shaped == 0 && !maybeRR(s[start:i]) {
+		if label := s[start:i]; oneLabelName(label, s[i+1:]) {
+			f.saw(shapeName, label[:len(label)-1])
+			b = append(append(b, shapeName...), '.', c)
+		} else if m&shaped == 0 && !maybeRR(s[start:i]) {
 			b = append(b, s[start:i+1]...)
 		} else {
 			b = append(appendWord(b, s[start:i], m, f), c)
@@ -89,6 +92,32 @@ func appendShape(b []byte, s string, f *found) []byte {
 		return append(b, s[start:]...)
 	}
 	return appendWord(b, s[start:], m, f)
+}
+
+// oneLabelName tells whether w is a query's name of one label ("q7.", "com."), as the errors
+// plugin prints it: fully qualified, with a query type after it ("A:"). A name of two labels or
+// more is found without the type.
+func oneLabelName(w, rest string) bool {
+	n := len(w)
+	if n < 2 || w[n-1] != '.' || rest == "" || rest[0] < 'A' || rest[0] > 'Z' {
+		return false
+	}
+	if i := strings.IndexByte(rest, ' '); i >= 0 {
+		rest = rest[:i]
+	}
+	if rrShape(strings.TrimSuffix(rest, ":")) != shapeType {
+		return false
+	}
+	letter := false
+	for i := 0; i < n-1; i++ {
+		switch c := w[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+			letter = true
+		case c == '.' || c == '\\' || c <= ' ' || c > '~' || strings.IndexByte(`'@;()"<`, c) >= 0:
+			return false
+		}
+	}
+	return letter
 }
 
 // maxRRWord is the length of the longest query type or class CoreDNS prints: NSEC3PARAM,

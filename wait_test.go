@@ -206,3 +206,51 @@ func TestEndOfAMembersEventNamesItsMember(t *testing.T) {
 			b.end.message, a.end.message)
 	}
 }
+
+// TestStormEndedBeforeItsFlowWasCountedEndsOnceARise: a storm logged while
+// quiet was off has no flow; once quiet is on it ends after its quiet. A
+// line after that end is no rise: no second end.
+func TestStormEndedBeforeItsFlowWasCountedEndsOnceARise(t *testing.T) {
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 64))
+	for i := range ownEvents + 1 { // the last joins the combined event of its shape
+		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " unhealthy"), clk.Now()))
+	}
+	drain(h)
+	cfg := testConfig(all, 100, 100, 64)
+	cfg.quiet = 30 * time.Second
+	h.apply(cfg)
+	h.advance(time.Minute)
+	if n := len(endsIn(api)); n != 1 {
+		t.Fatalf("%d ends once quiet is on and up, want 1", n)
+	}
+	h.observe(ln(levelError, "forward", "upstream 99 unhealthy", clk.Now()))
+	h.advance(time.Minute)
+	if n := len(endsIn(api)); n != 1 {
+		t.Errorf("%d ends after one more line, want still 1: the storm did not rise again", n)
+	}
+}
+
+// TestReloadThatChangesQuietKeepsTheLinesOfTheLastQuiet: a reload that
+// changes quiet counts the storm's flow in slots of the new quiet; the
+// lines of the last quiet still count, as of the reload, so that the storm
+// does not end while its last quiet holds more lines than its threshold.
+func TestReloadThatChangesQuietKeepsTheLinesOfTheLastQuiet(t *testing.T) {
+	cfg := testConfig(all, 100, 100, 64)
+	cfg.quiet = time.Minute
+	h, api, clk := newTestHarness(t, cfg)
+	for i := range ownEvents + 5 { // the last 5 join the combined event of their shape
+		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " unhealthy"), clk.Now()))
+	}
+	h.advance(10 * time.Second)
+	cfg.quiet = 2 * time.Minute
+	h.apply(cfg)
+	h.observe(ln(levelError, "forward", "upstream 99 unhealthy", clk.Now()))
+	h.advance(45 * time.Second)
+	if n := len(endsIn(api)); n != 0 {
+		t.Errorf("%d ends 45 s after a reload to quiet 2m, with 6 lines in the last quiet", n)
+	}
+	h.advance(3 * time.Minute)
+	if n := len(endsIn(api)); n != 1 {
+		t.Errorf("%d ends once the storm calmed, want 1", n)
+	}
+}

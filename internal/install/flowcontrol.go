@@ -380,6 +380,12 @@ func (s *StatusReport) checkFlowControl(ctx context.Context, c kubernetes.Interf
 // it is the tool's. A read that is forbidden is said, not counted among
 // what status could not check: the runner's ClusterRole is optional.
 func clusterPresence(err error, ours func() bool) (string, error) {
+	return objectPresence(err, ours, "present, not this tool's")
+}
+
+// objectPresence says "absent", "not readable (forbidden)", notOurs when
+// ours says the object is another's, or "present", from err, its read's.
+func objectPresence(err error, ours func() bool, notOurs string) (string, error) {
 	switch {
 	case apierrors.IsNotFound(err):
 		return "absent", nil
@@ -388,7 +394,7 @@ func clusterPresence(err error, ours func() bool) (string, error) {
 	case err != nil:
 		return "", err
 	case !ours():
-		return "present, not this tool's", nil
+		return notOurs, nil
 	}
 	return "present", nil
 }

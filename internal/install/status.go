@@ -307,17 +307,7 @@ func (s *StatusReport) print(o *Options) {
 // presence says whether an object the install makes is there (err is its
 // read's), and whether it carries the install's labels.
 func presence(err error, meta func() metav1.ObjectMeta, deployment string) (string, error) {
-	switch {
-	case apierrors.IsNotFound(err):
-		return "absent", nil
-	case apierrors.IsForbidden(err):
-		return "not readable (forbidden)", nil
-	case err != nil:
-		return "", err
-	case !ours(meta(), deployment):
-		return "not this tool's", nil
-	}
-	return "present", nil
+	return objectPresence(err, func() bool { return ours(meta(), deployment) }, "not this tool's")
 }
 
 // checkInstalledPods counts the Ready pods that run the installed template

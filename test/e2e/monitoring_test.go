@@ -412,8 +412,15 @@ service:
 			return !strings.Contains(readIfThere(path), routingProbe)
 		})
 	})
-	// A repeat of a line raises the count of its event: a MODIFIED.
+	// A repeat of a line raises the count of its event: a MODIFIED. The
+	// repeat comes once the event is in the API, so that it is not counted
+	// in its create.
 	post("forward", "error", "no healthy upstream for 10.0.0.2:53")
+	waitEventsFor(t, pod, 30*time.Second, "the event of the first line", func(evs []corev1.Event) bool {
+		return slices.ContainsFunc(evs, func(e corev1.Event) bool {
+			return strings.HasSuffix(e.Message, "no healthy upstream for 10.0.0.2:53")
+		})
+	})
 	post("forward", "error", "no healthy upstream for 10.0.0.2:53")
 	post("forward", "warning", "upstream 10.0.0.2:53 answered slowly")
 	post("errors", "error", "2 a.example.org. A: read udp 10.0.0.5:41234->10.0.0.2:53: i/o timeout")

@@ -124,7 +124,7 @@ func TestStormByShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	defined := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?:Name:\s+|counterVec\(|opts\()"([a-z_]+)"`).FindAllStringSubmatch(string(defs), -1) {
+	for _, m := range regexp.MustCompile(`(?:Name:\s+|counterVec\(|opts\(|subsystem, )"([a-z_]+)"`).FindAllStringSubmatch(string(defs), -1) {
 		defined["coredns_k8s_event_"+m[1]] = true
 	}
 	exported := c.metrics()

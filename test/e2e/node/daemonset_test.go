@@ -6,6 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -78,10 +81,13 @@ func (lc *lifecycle) daemonSet(t *testing.T) {
 	if !strings.Contains(dry, "a canary first (RollingUpdate, maxSurge 1, maxUnavailable 0") {
 		t.Errorf("the dry run does not say the canary:\n%s", dry)
 	}
+	var installed []corev1.Pod
 	lc.do("install", func() {
 		lc.plugin(installArgs...)
-		lc.waitEvents(lc.waitDaemonSet(lc.ref))
+		installed = lc.waitDaemonSet(lc.ref)
+		lc.waitEvents(installed)
 	})
+	lc.fleetCounted(installed)
 	if status := lc.plugin(append([]string{"status", "--workload", "daemonset/coredns"}, lc.nsFlags()...)...); !strings.Contains(status, "daemonset kube-system/coredns") || !strings.Contains(status, "k8s_event installed") {
 		t.Errorf("status after install:\n%s", status)
 	}
@@ -195,6 +201,51 @@ func (lc *lifecycle) waitDaemonSet(image string) []corev1.Pod {
 		}
 	}
 	return pods
+}
+
+// fleetCounted checks that the install turned fleet on for the DaemonSet, and that each pod
+// counted N from it: its metric of the replicas is the DaemonSet's desiredNumberScheduled.
+func (lc *lifecycle) fleetCounted(pods []corev1.Pod) {
+	t := lc.t
+	t.Helper()
+	d := lc.daemonSetObj()
+	if cf := lc.configMap(d.Spec.Template.Spec.Volumes[0].ConfigMap.Name).Data["Corefile"]; !strings.Contains(cf, "fleet 0.1 100") {
+		t.Errorf("the installed Corefile has no fleet 0.1 100:\n%s", cf)
+	}
+	want := fmt.Sprintf("coredns_k8s_event_fleet_replicas %d", d.Status.DesiredNumberScheduled)
+	for _, p := range pods {
+		url := "http://" + net.JoinHostPort(p.Status.PodIP, "9153") + "/metrics"
+		var got string
+		err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got = metricLines(ctx, url, "coredns_k8s_event_fleet_")
+			return strings.Contains(got, want+"\n") && strings.Contains(got, "coredns_k8s_event_fleet_uncounted 0\n"), nil
+		})
+		if err != nil {
+			t.Errorf("pod %s: want %q and fleet_uncounted 0, metrics:\n%s", p.Name, want, got)
+		}
+	}
+}
+
+// metricLines are the lines of the Prometheus text at url that begin with prefix, "" when it
+// cannot be read.
+func metricLines(ctx context.Context, url, prefix string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return ""
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var out strings.Builder
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			out.WriteString(line + "\n")
+		}
+	}
+	return out.String()
 }
 
 // checkDaemonSet compares the live DaemonSet with the operator's: with

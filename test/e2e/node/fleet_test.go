@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -53,8 +54,9 @@ replicas:
 // image with `fleet` and the priority level on the node. Each logs error lines all along: 10 s
 // before, 30 s while the pods cannot reach the API server, and after. Every event write of the
 // ServiceAccount coredns (the audit log) stays within the README's bound over every window, none
-// reaches the API server during the outage, every replica writes again after it, and API Priority
-// and Fairness dispatched (or rejected) each one in the level k8s-event.
+// reaches the API server during the outage, every replica writes again after it with its share
+// of N (not the floor alone), and API Priority and Fairness dispatched (or rejected) each one in
+// the level k8s-event.
 func TestFleetWritesStayWithinTheFleetBoundThroughAnAPIOutage(t *testing.T) {
 	if err := cluster.NodeSupported(); err != nil {
 		fmt.Fprintf(os.Stderr, "SKIP TestFleetWritesStayWithinTheFleetBoundThroughAnAPIOutage: %v\n", err)
@@ -138,12 +140,25 @@ func TestFleetWritesStayWithinTheFleetBoundThroughAnAPIOutage(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
+			e.dumpFleet(t, pods, writes)
 			t.Fatalf("after the outage only %d of %d replicas wrote within %v", len(after), len(pods), deadline.Sub(up))
 		}
 		time.Sleep(time.Second)
 	}
 	time.Sleep(5 * time.Second) // a few more writes at the share's rate
 	writes = e.fleetWrites(t)
+	afterUp := map[string]int{}
+	for _, w := range writes {
+		if w.at.After(up) {
+			afterUp[w.pod]++
+		}
+	}
+	for _, p := range pods { // the floor alone would allow one write an hour
+		if afterUp[p.Name] < 2 {
+			e.dumpFleet(t, pods, writes)
+			t.Errorf("pod %s wrote %d times after the outage, want its share of N %d: 2 at least", p.Name, afterUp[p.Name], n)
+		}
+	}
 
 	// The bound over every window of the writes: BURST + N + (QPS + N / 3600) x T.
 	perPod := map[string]int{}
@@ -277,6 +292,19 @@ func (e *nodeEnv) fleetWrites(t *testing.T) []fleetWrite {
 	}
 	slices.SortFunc(out, func(a, b fleetWrite) int { return a.at.Compare(b.at) })
 	return out
+}
+
+// dumpFleet logs what each replica wrote, its plugin's metrics and the end of its log.
+func (e *nodeEnv) dumpFleet(t *testing.T, pods []corev1.Pod, writes []fleetWrite) {
+	t.Helper()
+	for _, w := range writes {
+		t.Logf("write %s %s %s %d", w.at.Format("15:04:05.000"), w.pod, w.verb, w.code)
+	}
+	for _, p := range pods {
+		metrics := metricLines(t.Context(), "http://"+net.JoinHostPort(p.Status.PodIP, "9153")+"/metrics", "coredns_k8s_event_")
+		logs, _, _ := e.kube.Kubectl(t.Context(), "-n", "kube-system", "logs", "--tail=60", p.Name)
+		t.Logf("--- %s metrics ---\n%s--- %s log ---\n%s", p.Name, metrics, p.Name, logs)
+	}
 }
 
 func iptables(t *testing.T, args ...string) {
