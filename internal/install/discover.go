@@ -258,8 +258,3 @@ func findTarget(ctx context.Context, c kubernetes.Interface, o *Options) (*targe
 	}
 	return inspect(d, o)
 }
-
-// found begins the plan's report with what discovery found.
-func (pl *planner) found(t *target) {
-	pl.rep.Deployment, pl.rep.Kind = nsName(t.w), t.w.kind()
-}

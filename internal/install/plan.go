@@ -93,6 +93,11 @@ func (pl *planner) warn(msg string) {
 	pl.rep.Warnings = append(pl.rep.Warnings, msg)
 }
 
+// found begins the plan's report with what discovery found.
+func (pl *planner) found(t *target) {
+	pl.rep.Deployment, pl.rep.Kind = nsName(t.w), t.w.kind()
+}
+
 // installPlan is what an install changes, worked out before anything is.
 type installPlan struct {
 	w        workload
