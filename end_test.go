@@ -252,6 +252,7 @@ func TestEndsWithinCacheSize(t *testing.T) {
 	cfg := withQuiet(100, 100, quiet)
 	cfg.cacheSize = 8 // four storms and their four ends
 	h, api, _ := newTestHarness(t, cfg)
+	forgottenBefore := testutil.ToFloat64(forgotten[levelWarning])
 	for i := range 4 { // four storms of their own, each one event of 12 lines
 		repeatLine(h, levelWarning, fmt.Sprintf("p%d", i), "upstream unhealthy", 12)
 	}
@@ -283,6 +284,10 @@ func TestEndsWithinCacheSize(t *testing.T) {
 	h.advance(2 * retryMax)
 	if n := len(endsIn(api)); n != 1 {
 		t.Errorf("%d ends written after the API came back, want the %d that may wait", n, small.cacheSize)
+	}
+	// Five ends were decided: one written, the four others counted as forgotten.
+	if got := testutil.ToFloat64(forgotten[levelWarning]) - forgottenBefore; got != 4 {
+		t.Errorf("%v ends counted as forgotten, want the 4 of 5 never written", got)
 	}
 }
 

@@ -193,6 +193,7 @@ func (s *scheduler) giveWay() bool {
 		if e.inflight == 0 { // the newest: the oldest ends are kept, as trim keeps them
 			s.unqueue(e)
 			s.ends.remove(e)
+			forgotten[e.key.level].Inc()
 			return true
 		}
 	}
@@ -205,6 +206,7 @@ func (s *scheduler) trimEnds() {
 	for _, e := range s.ends.list[min(limit, len(s.ends.list)):] {
 		if e.inflight == 0 {
 			s.unqueue(e)
+			forgotten[e.key.level].Inc()
 		}
 	}
 	s.ends.trim(limit)
