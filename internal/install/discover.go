@@ -40,7 +40,7 @@ func findWorkload(ctx context.Context, c kubernetes.Interface, o *Options) (work
 	if o.Kind == kindDaemonSet {
 		ds := daemonSets(ctx, c, ns, o.Deployment)
 		if len(ds) == 0 {
-			return nil, fmt.Errorf("--workload daemonset/%s: no such DaemonSet in namespace %q", o.Deployment, ns)
+			return nil, elsewhere(ctx, c, ns, o.Deployment)
 		}
 		if err := refusedLayout(ds[0]); err != nil {
 			return nil, err
@@ -76,6 +76,44 @@ func findWorkload(ctx context.Context, c kubernetes.Interface, o *Options) (work
 	}
 	names := slices.Sorted(maps.Keys(found))
 	return nil, fmt.Errorf("namespace %q has %d CoreDNS Deployments (%s): name one with --deployment", ns, len(names), strings.Join(names, ", "))
+}
+
+// elsewhere is the error for a DaemonSet named name that ns does not hold: where a layout runs
+// one of that name in its own namespace, refused with the vendor's way, or told to add
+// --namespace.
+func elsewhere(ctx context.Context, c kubernetes.Interface, ns, name string) error {
+	for _, l := range layouts {
+		if l.namespace == "" || l.namespace == ns || l.kind != kindDaemonSet {
+			continue
+		}
+		if d, err := getDaemonSet(ctx, c, l.namespace, name); err == nil {
+			if err := refusedLayout(d); err != nil {
+				return err
+			}
+			return fmt.Errorf("--workload daemonset/%s: no such DaemonSet in namespace %q; namespace %q has one: add --namespace %s", name, ns, l.namespace, l.namespace)
+		}
+	}
+	return fmt.Errorf("--workload daemonset/%s: no such DaemonSet in namespace %q", name, ns)
+}
+
+// twin refuses a run on w when a workload of the other kind and the same name in its namespace
+// has k8s_event installed: the objects the tool makes are named and labelled by the workload's
+// name alone, so the two would share them, and uninstalling one would take the other's away.
+func twin(ctx context.Context, c kubernetes.Interface, o *Options, w workload) error {
+	get, ns, name := getDeployment, w.meta().Namespace, w.meta().Name
+	if w.kind() == kindDeployment {
+		get = getDaemonSet
+	}
+	other, err := get(ctx, c, ns, name)
+	if err != nil {
+		return nil // none, or not ours to read: the run's own reads say more
+	}
+	if t, err := inspect(other, o); err != nil || t.rec == nil {
+		return nil
+	}
+	return &RefusedError{[]string{fmt.Sprintf("%s has k8s_event installed, and the objects k8s_event makes "+
+		"are named by the workload's name alone (%s-k8s-event and the others): %s would share them. "+
+		"Uninstall k8s_event from %s first, or rename one of the two", ref(other), name, ref(w), kubectlRef(other))}}
 }
 
 // daemonSets are the DaemonSets of ns named name, or, when name is
@@ -230,6 +268,9 @@ func confPath(args []string) string {
 func discover(ctx context.Context, c kubernetes.Interface, o *Options) (*target, error) {
 	t, err := findTarget(ctx, c, o)
 	if err != nil {
+		return nil, err
+	}
+	if err := twin(ctx, c, o, t.w); err != nil {
 		return nil, err
 	}
 	ns, name := t.w.meta().Namespace, t.current().Volume.ConfigMap.Name
