@@ -84,6 +84,12 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	m.p.sched.flushPause = time.Millisecond
 	m.p.sched.rand = rand.New(rand.NewPCG(seed, 1))
 	m.watch = watchPipelineOrder(m.p)
+	ordered := m.p.dispatch
+	m.p.dispatch = func(now time.Time) ([]request, time.Time) {
+		reqs, wake := ordered(now)
+		m.held.handed(reqs, now)
+		return reqs, wake
+	}
 	watched := m.p.outcome
 	m.p.outcome = func(res result, now time.Time) { m.held.told(res, now); watched(res, now) }
 	defer m.p.cancel()

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -107,7 +108,7 @@ type model struct {
 	maxBurst  int
 	maxQPS    float64
 	lastFatal time.Duration
-	podReads  []apiRequest // the pod reads that reached the API, with the reason they were made for; under api.mu
+	podReads  []apiRequest // the reads of the pod and workload that reached the API, with the reason they were made for; under api.mu
 
 	quiet    time.Duration     // of every configuration of the run; 0: off
 	endNames map[string]string // the name of the end event of each end message seen
@@ -123,27 +124,33 @@ type model struct {
 	held     *heldCheck     // the Retry-Afters the scheduler was told, shared with the faults' model
 }
 
-// heldCheck holds the scheduler to the 429s it was told: no request of any kind leaves within
-// max(Retry-After, 1 s) of the answer reaching it.
+// heldCheck holds the scheduler to the 429s it was told: no request of any kind is handed out
+// within max(Retry-After, 1 s) of the answer reaching it. It orders decisions, not times: the
+// stepped model's clock does not move between a 429's answer and the next dispatch, so each
+// answer taken and each request handed out gets the next number of one sequence, and a request
+// numbered after a 429's answer and handed out before its hold ends fails the model. A request
+// handed out before the answer came may still leave after it, at the same instant.
 type heldCheck struct {
 	mu      sync.Mutex
-	from    time.Time
-	until   time.Time
+	seq     uint64      // of the latest answer taken or request handed out
+	fromSeq uint64      // of the 429 whose hold ends last; 0: none yet
+	from    time.Time   // when that 429 reached the scheduler
+	until   time.Time   // when its hold ends
 	told429 []time.Time // when each 429 reached the scheduler
-	checked int
 	err     error
 }
 
 // told takes an answer as the scheduler gets it, at now.
 func (c *heldCheck) told(res result, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
 	if statusCode(res.err) != http.StatusTooManyRequests {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.told429 = append(c.told429, now)
 	if until := now.Add(max(res.retryAfter, time.Second)); until.After(c.until) {
-		c.from, c.until = now, until
+		c.fromSeq, c.from, c.until = c.seq, now, until
 	}
 }
 
@@ -154,17 +161,29 @@ func (c *heldCheck) toldSince(from time.Time) bool {
 	return len(c.told429) > 0 && !c.told429[len(c.told429)-1].Before(from)
 }
 
-// leaves takes a request leaving the client at at.
+// handed takes requests as the scheduler hands them out, at now: by dispatch, or granted to a
+// fatal line.
+func (c *heldCheck) handed(reqs []request, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range reqs {
+		c.seq++
+		if c.fromSeq != 0 && c.seq > c.fromSeq && now.Before(c.until) && c.err == nil {
+			c.err = fmt.Errorf("a %s was handed out at %v, after a 429 told at %v, within its Retry-After until %v",
+				r.verb, now, c.from, c.until)
+		}
+	}
+}
+
+// leaves takes a request leaving the client at at: one that leaves after the instant of a 429,
+// within its hold, fails the model however it was handed out (the concurrent model's fatal
+// lines are granted in the listener's goroutine, outside the sequence).
 func (c *heldCheck) leaves(r apiRequest) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r.at.After(c.from) && r.at.Before(c.until) {
-		if c.err == nil {
-			c.err = fmt.Errorf("a %s of %s left at %v, within the Retry-After told at %v until %v", r.verb, r.resource, r.at, c.from, c.until)
-		}
-		return
+	if r.at.After(c.from) && r.at.Before(c.until) && c.err == nil {
+		c.err = fmt.Errorf("a %s of %s left at %v, within the Retry-After told at %v until %v", r.verb, r.resource, r.at, c.from, c.until)
 	}
-	c.checked++
 }
 
 func (c *heldCheck) failed() error {
@@ -215,6 +234,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.h.writeTimeout = 250 * time.Millisecond
 	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
 	m.h.got = m.held.told
+	m.h.handed = m.held.handed
 	m.watchOrder()
 	m.hosts = newHosts(seed)
 	m.ends = newEndWatch()
@@ -294,14 +314,13 @@ func (m *model) fault(r apiRequest) fault {
 	if kind != "" {
 		m.stats.injected[kind]++
 	}
-	if r.resource == "pods" && !f.unsent && m.h != nil {
-		// A pod read is made for the create of one entry, and takes the
-		// token of that entry's bucket. The stepped model sends from the
-		// goroutine that owns the scheduler, so it may look.
-		for _, fl := range m.h.s.flights {
-			if fl.read {
-				r.reason = bucketName(fl.bucket)
-			}
+	if r.resource != "events" && !f.unsent && m.h != nil {
+		// A read of the pod or of its workload is made for a write of one
+		// entry, and takes the token of that entry's bucket. The stepped
+		// model sends from the goroutine that owns the scheduler, so it may
+		// look.
+		if fl, ok := m.h.s.flights[m.h.sending.id]; ok && (fl.read || fl.fleet) {
+			r.reason = bucketName(fl.bucket)
 		}
 		m.podReads = append(m.podReads, r)
 	}
@@ -554,7 +573,7 @@ func (m *model) checkBound() error {
 	for _, r := range m.podReads {
 		if r.reason == "" {
 			m.api.mu.Unlock()
-			return fmt.Errorf("a pod read at %v made for no event", r.at)
+			return fmt.Errorf("a %s of %s at %v made for no event", r.verb, r.resource, r.at)
 		}
 		byBucket[r.reason] = append(byBucket[r.reason], r.at)
 	}
@@ -878,4 +897,35 @@ func (m *model) lateFirst(l *firstLine, deadline time.Time) error {
 	}
 	return fmt.Errorf("a line (%s) of a plugin with nothing pending in its reason, logged %v after the API was last back, written %s, bound %v (other plugins waiting: %d, rate %v, pod read: %v, after an outage: %v)",
 		what, l.at.Sub(m.back), written, deadline.Sub(l.at), len(l.others), l.qps, l.read, l.outage)
+}
+
+// TestHeldCheckCatchesARequestAtTheInstantOfA429: the models' check of the Retry-After holds
+// every request handed out once a 429 reached the scheduler. In the stepped model the clock does
+// not move between a 429's answer and the next dispatch: a request handed out then, at the same
+// instant, is within the Retry-After and must be caught; one handed out before the answer came,
+// at the same instant, is not.
+func TestHeldCheckCatchesARequestAtTheInstantOfA429(t *testing.T) {
+	tooMany := result{err: apierrors.NewTooManyRequests("slow down", 3), retryAfter: 3 * time.Second}
+	if statusCode(tooMany.err) != http.StatusTooManyRequests {
+		t.Fatalf("status %d", statusCode(tooMany.err))
+	}
+	create := []request{{verb: verbCreate}}
+
+	var after heldCheck
+	after.handed(create, epoch)
+	after.told(tooMany, epoch)
+	after.handed(create, epoch)
+	if after.failed() == nil {
+		t.Errorf("a create handed out at the instant a 429 with Retry-After 3 s reached the " +
+			"scheduler, after it, passed the check")
+	}
+
+	var before heldCheck
+	before.handed(append(create, create...), epoch)
+	before.told(tooMany, epoch)
+	before.told(result{}, epoch.Add(time.Second))
+	before.handed(create, epoch.Add(3*time.Second))
+	if err := before.failed(); err != nil {
+		t.Errorf("requests handed out before the 429, and one once its hold ended: %v", err)
+	}
 }
