@@ -283,17 +283,49 @@ func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, st
 	}
 	own := key
 	own.member = m
+	p := w.promoter
 	if c.cache.members > 0 { // else none to find
 		if o, ok := c.cache.get(own); ok {
+			if p.last >= 0 {
+				p.slots[p.last].state = promoted
+			}
 			return own, o, true, m
 		}
 	}
-	if low >= promoteAt && w.promoted.spent(at) < maxPromoted {
-		w.promoted.spend(at)
+	if c.promote(w, low, at) {
 		own.member = strings.Clone(m) // the key must not keep the line
 		return own, nil, false, m
 	}
 	return key, e, true, m
+}
+
+// promote tells that the member of the line just counted in w's promoter, with low lines in its
+// window, becomes an event of its own at at. A place of the room goes to the member of the most
+// lines not promoted yet: while places are free and a member of more lines than low waits, it is
+// elected (its place spent, its event made at its next line), so that a client's names just over
+// promoteAt cannot take the room from a host of more lines.
+func (c *correlator) promote(w *window, low int64, at time.Duration) bool {
+	p := w.promoter
+	if p.last < 0 {
+		return false
+	}
+	switch p.slots[p.last].state {
+	case elected: // its place is spent
+		p.slots[p.last].state = promoted
+		return true
+	case promoted: // its event left the cache
+		p.slots[p.last].state = notElected
+	}
+	for low >= promoteAt && w.promoted.spent(at) < maxPromoted {
+		w.promoted.spend(at)
+		i := p.elect()
+		if i == p.last || i < 0 {
+			p.slots[p.last].state = promoted
+			return true
+		}
+		p.slots[i].state = elected
+	}
+	return false
 }
 
 // promoterOf is w's promoter: a new one while fewer than maxPromoters are, else the least

@@ -388,6 +388,7 @@ func watchPipelineOrder(p *pipeline) *pipelineOrder {
 	p.outcome = func(res result, now time.Time) {
 		if f := p.sched.flights[res.id]; f.e != nil && !f.read {
 			w.order.answered(f.e, res)
+			w.order.resumed(f.e, res)
 		}
 		p.sched.outcome(res, now)
 	}

@@ -233,7 +233,12 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.h.lostAfter = writeTimeout
 	m.h.writeTimeout = 250 * time.Millisecond
 	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
-	m.h.got = m.held.told
+	m.h.got = func(res result, now time.Time) {
+		m.held.told(res, now)
+		if f := m.h.s.flights[res.id]; f.e != nil && !f.read && m.order != nil {
+			m.order.resumed(f.e, res)
+		}
+	}
 	m.h.handed = m.held.handed
 	m.watchOrder()
 	m.hosts = newHosts(seed)

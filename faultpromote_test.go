@@ -15,7 +15,9 @@ import (
 // the last hour becomes an event of its own at that line, unless the room
 // of promotions of its plugin and level is spent, or noise filled its
 // promoter (then the promise is a share), or the line made its shape's
-// combined event anew.
+// combined event anew. A place of the room goes to the member of the most
+// lines first: a line of a host never spends a place on a member of fewer
+// lines than the host while the host has no event of its own.
 
 // hosts are the failing hosts of one run: their plugin and level, and the
 // times of their lines that went past the events of their own.
@@ -49,6 +51,8 @@ func (m *model) hostLine() error {
 	text := fmt.Sprintf("%d %s A: i/o timeout", hs.rng.IntN(3), host)
 	now := m.clk.Now()
 	before := testutil.ToFloat64(aggregated[hs.level])
+	var states map[string]uint8 // of the promoter's members before the line
+	m.inspect(func(s *scheduler) { states = hs.states(s) })
 	switch hs.level {
 	case levelError:
 		m.h.Error(hs.plugin, text)
@@ -61,6 +65,11 @@ func (m *model) hostLine() error {
 	m.stats.lines++
 	m.h.take()
 	m.noteFirst()
+	var err error
+	m.inspect(func(s *scheduler) { err = hs.electedFirst(s, host, states) })
+	if err != nil {
+		return err
+	}
 	if testutil.ToFloat64(aggregated[hs.level]) == before {
 		return nil // an event of its own line, or not captured
 	}
@@ -74,7 +83,6 @@ func (m *model) hostLine() error {
 	if len(recent) < promoteAt {
 		return nil
 	}
-	var err error
 	m.inspect(func(s *scheduler) { err = hs.promoted(s, host, now) })
 	return err
 }
@@ -115,3 +123,53 @@ func (hs *hosts) promoted(s *scheduler, host string, now time.Time) error {
 
 // hostsPromoted counts the promotions the model checked, for its summary.
 var hostsPromoted int
+
+// promoterOf is the promoter of the run's hosts' plugin and level, if any.
+func (hs *hosts) promoterOf(s *scheduler) *promoter {
+	w, _ := s.corr.windows.Peek(windowKey{hs.level, hs.plugin})
+	if w == nil {
+		return nil
+	}
+	return w.promoter
+}
+
+// states are the states of the members of the hosts' promoter.
+func (hs *hosts) states(s *scheduler) map[string]uint8 {
+	out := map[string]uint8{}
+	if p := hs.promoterOf(s); p != nil {
+		for i := range p.slots {
+			out[string(p.slots[i].member[:p.slots[i].n])] = p.slots[i].state
+		}
+	}
+	return out
+}
+
+// electedFirst checks that the line of host just taken elected or promoted no other member of
+// fewer lines than host, while host has no event of its own.
+func (hs *hosts) electedFirst(s *scheduler, host string, before map[string]uint8) error {
+	p := hs.promoterOf(s)
+	if p == nil {
+		return nil
+	}
+	member := strings.TrimSuffix(host, ".")
+	var low int64
+	state := uint8(notElected)
+	if k := p.find(maphash.String(shapeSeed, member)); p.index[k] != 0 {
+		c := &p.slots[p.index[k]-1]
+		if c.memberIs(member) {
+			low, state = c.low(), c.state
+		}
+	}
+	if state != notElected {
+		return nil
+	}
+	for i := range p.slots {
+		c := &p.slots[i]
+		m := string(c.member[:c.n])
+		if c.state != notElected && before[m] == notElected && m != member && c.low() < low {
+			return fmt.Errorf("a line of host %s (%d lines) made %s of %d lines an event of "+
+				"its own first", host, low, m, c.low())
+		}
+	}
+	return nil
+}

@@ -16,12 +16,13 @@ import (
 // controller (a list of the pod, which CoreDNS's rights allow), then its ReplicaSet's, then the
 // Deployment or the DaemonSet, with get; later reads get only the last. Reads take a token of the
 // read bucket (fleetReads at once, one every fleetStale), so that the fleet reads the API server at
-// most N x (fleetReads + T / fleetStale) times over any T that it answers. A read that got no
-// answer (the connection reset, a time-out) gives its token back: the backoff alone paces those,
-// 1 s doubling to a minute, at most 7 + T / 60 per replica. The first finding takes three reads
-// in a row, and an outage that took one of them would otherwise leave the replica on the floor
-// alone for ten minutes after the API server's return. Reads refused for good (no rights, no such
-// object, a workload of another kind) leave the rate bound alone in force, said once.
+// most N x (fleetReads + T / fleetStale) times over any T with reads that succeed. A read that
+// fails (no answer, a 5xx, a 429) gives its token back: the backoff paces those, 1 s doubling to
+// a minute, at most 7 + T / 60 per replica while they fail (a 429 also holds the replica). The
+// first finding takes three reads in a row, and an outage that took one of them would otherwise
+// leave the replica on the floor alone for ten minutes after the API server's return. Reads
+// refused for good (no rights, no such object, a workload of another kind) leave the rate bound
+// alone in force, said once.
 //
 // The herd spread: at start and after an outage (no answer, a 5xx), the replica's first write
 // waits a random part of a window of N / herdRate, at most herdMaxWindow, so that N replicas that
@@ -58,6 +59,7 @@ type fleet struct {
 	asked   time.Time // no read before this: a Retry-After
 	fails   int
 	lost    bool // N cannot be read: the rate bound alone is in force
+	gaveUp  bool // the last reads gave N up, and none has counted it since: shown by the metric
 
 	buckets [numBuckets]*bucket // each replica's share, per reason
 	reads   *bucket
@@ -114,12 +116,12 @@ func (f *fleet) readDue(now time.Time, stopping bool) (wait time.Duration, read,
 	if !f.on() || stopping || f.static || f.n > 0 && now.Sub(f.readAt) < fleetStale {
 		return 0, false, false
 	}
-	if f.reading != 0 {
-		return -1, false, f.n == 0
+	if f.reading != 0 { // a write waits for the read in flight: N is at most fleetStale old
+		return -1, false, true
 	}
 	w := max(f.nextTry.Sub(now), f.asked.Sub(now), f.reads.wait(now), 0)
-	if w > 0 {
-		return w, false, f.n == 0 && f.reads.wait(now) == 0 // without read tokens, the floor alone
+	if w > 0 { // after a failed read or without read tokens, the floor alone meanwhile
+		return w, false, f.n == 0 && f.fails == 0 && f.reads.wait(now) == 0
 	}
 	return 0, true, false
 }
@@ -153,6 +155,10 @@ func (f *fleet) readDone(v verb, res result, now time.Time, r *rand.Rand) error 
 	f.fails = 0
 	kind := res.owner.Kind
 	switch {
+	case v == verbGetDaemonSet && res.want == 0: // its controller has not counted it yet
+		f.fails++
+		f.nextTry = now.Add(backoff(r, f.fails, 0))
+		return nil
 	case v == verbGetDeployment, v == verbGetDaemonSet, v == verbGetReplicaSet && kind == "":
 		f.counted(max(res.want, 1), now)
 	case v == verbListPod && kind == "":
@@ -170,16 +176,15 @@ func (f *fleet) readDone(v verb, res result, now time.Time, r *rand.Rand) error 
 	return nil
 }
 
-// settleRead ends a read's token: spent if the API server answered it, given back if it got no
-// answer (as if never made), when the backoff alone paces the reads.
+// settleRead ends a read's token: spent if the read found what it asked, given back (as if never
+// made) if it failed, when the backoff alone paces the reads, and a 429 the pushback.
 func (f *fleet) settleRead(res result, now time.Time) {
-	answered := res.err == nil || statusCode(res.err) != 0
-	f.reads.settle(res.id, res.reached && answered, now)
+	f.reads.settle(res.id, res.reached && res.err == nil, now)
 }
 
 // give gives N up: the rate bound alone, said once.
 func (f *fleet) give(err error) error {
-	f.lost = true
+	f.lost, f.gaveUp = true, true
 	f.show()
 	return errNoFleet{err}
 }
@@ -187,7 +192,7 @@ func (f *fleet) give(err error) error {
 // counted takes N, read at now.
 func (f *fleet) counted(n int, now time.Time) {
 	first := f.n == 0
-	f.n, f.readAt = n, now
+	f.n, f.readAt, f.gaveUp = n, now, false
 	f.reshare(first, now)
 }
 
@@ -228,6 +233,10 @@ func (f *fleet) herdWait(now time.Time, r *rand.Rand) time.Duration {
 	if !f.herdArmed {
 		return 0
 	}
+	if !f.on() { // without fleet (or N given up) there is no spread
+		f.herdArmed, f.herdAt = false, time.Time{}
+		return 0
+	}
 	if f.herdAt.IsZero() {
 		w := f.window()
 		if w <= 0 {
@@ -242,8 +251,9 @@ func (f *fleet) herdWait(now time.Time, r *rand.Rand) time.Duration {
 // wrote notes a write that left: the spread is over until the next outage.
 func (f *fleet) wrote() { f.herdArmed, f.herdAt = false, time.Time{} }
 
-// outage notes an answer that says the API server is away: the next write is spread again.
-func (f *fleet) outage() { f.herdArmed = true }
+// outage notes an answer that says the API server is away: the next request, a read or a write,
+// waits a new part of the window.
+func (f *fleet) outage() { f.herdArmed, f.herdAt = true, time.Time{} }
 
 // show sets the fleet's metrics.
 func (f *fleet) show() {
@@ -251,7 +261,7 @@ func (f *fleet) show() {
 	if f.on() {
 		n = float64(f.n)
 	}
-	if f.qps > 0 && f.lost {
+	if f.qps > 0 && f.gaveUp {
 		lost = 1
 	}
 	fleetReplicas.Set(n)

@@ -19,7 +19,8 @@ import (
 // of the event's lines has a counter. Its message names those members with lower-bound counts.
 // Promotion is decided apart, by a promoter of each plugin and level (below): a member whose
 // lines of the sliding hour are at least promoteAt, by an exact lower bound, becomes an event of
-// its own, within a room of the budget that new shapes cannot spend (correlator.go).
+// its own, within a room of the budget that new shapes cannot spend (correlator.go), the members
+// of the most lines first.
 
 const (
 	hitterSlots      = 32
@@ -225,6 +226,8 @@ func cutMember(m string) string {
 // is, whatever the noise. Space-saving keeps a counter for every member with more than
 // 1/promoterSlots of the lines of the window, so under noise of N lines in the window a member
 // with promoteAt + N/promoterSlots lines is promoted; with no noise, promoteAt lines in any hour.
+// A place of the room goes to the member of the most lines not promoted yet (elect): a client's
+// names just over promoteAt cannot take it from a host of more lines.
 
 const (
 	promoterSlots = 256
@@ -238,8 +241,18 @@ const (
 type counter struct {
 	own, taken [promoterGens]uint32
 	n          uint8
-	member     [maxMemberLen]byte
+	// state is notElected, elected (its place is spent: its event comes at its next line) or
+	// promoted
+	state  uint8
+	member [maxMemberLen]byte
 }
+
+// The states of a counter's member.
+const (
+	notElected = iota
+	elected
+	promoted
+)
 
 func (c *counter) total() (sum uint32) {
 	for g := range promoterGens {
@@ -265,6 +278,7 @@ type promoter struct {
 	least  uint32               // at most the least total of a slot
 	next   int                  // where the search for a slot of the least total goes on
 	hashes []uint64             // of each slot's member
+	last   int                  // the slot of the latest line, -1 when it has none
 }
 
 // promoterIndex is the size of a promoter's index: a quarter full at most, so a probe is short.
@@ -306,12 +320,14 @@ func (p *promoter) add(member string, x uint64, at time.Duration) int64 {
 	p.advance(int64(at / promoterGen))
 	g := p.gen % promoterGens
 	k := p.find(x)
+	p.last = -1
 	if p.index[k] != 0 {
 		c := &p.slots[p.index[k]-1]
 		if !c.memberIs(member) { // another member of the same hash keeps its slot
 			return 0
 		}
 		c.own[g]++
+		p.last = int(p.index[k] - 1)
 		return c.low()
 	}
 	var i int
@@ -329,9 +345,26 @@ func (p *promoter) add(member string, x uint64, at time.Duration) int64 {
 		c.own[k] = 0
 	}
 	c.n = uint8(copy(c.member[:], member))
-	c.own[g] = 1
+	c.own[g], c.state, p.last = 1, notElected, i
 	p.index[k], p.hashes[i] = int16(i+1), x
 	return 1
+}
+
+// elect is the slot of the member of the most lines of the window, at least promoteAt, neither
+// elected nor promoted; of as many, last (the slot of the line being counted) first; -1 if none.
+// It is looked for only when a place of the room is free, at most maxPromoted times an hour.
+func (p *promoter) elect() int {
+	best, most := -1, int64(promoteAt-1)
+	for i := range p.slots {
+		c := &p.slots[i]
+		if c.state != notElected {
+			continue
+		}
+		if n := c.low(); n > most || n == most && i == p.last {
+			best, most = i, n
+		}
+	}
+	return best
 }
 
 func (c *counter) memberIs(m string) bool { return string(c.member[:c.n]) == m }
@@ -371,4 +404,5 @@ func (p *promoter) leastSlot() int {
 func (p *promoter) reset() {
 	p.index = [promoterIndex]int16{}
 	p.slots, p.hashes, p.least, p.next, p.gen = p.slots[:0], p.hashes[:0], 0, 0, 0
+	p.last = -1
 }

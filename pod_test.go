@@ -236,7 +236,8 @@ func TestPodReadHonoursRetryAfter(t *testing.T) {
 	if n := len(podReads(api)); n != 1 {
 		t.Errorf("%d pod reads before the 30 s the API asked for, want 1", n)
 	}
-	h.advance(30*time.Second/5 + time.Second)
+	// the hold's jitter (a fifth), then the gaps after a 429 (at most 2.4 s), and a write's time
+	h.advance(30*time.Second/5 + 2400*time.Millisecond + time.Second)
 	if ev := only(t, events(t, api)); ev.InvolvedObject.UID != "uid-9" {
 		t.Errorf("UID %q, want uid-9", ev.InvolvedObject.UID)
 	}

@@ -134,3 +134,99 @@ func TestSingleLabelNamesOfAClientMakeOneShape(t *testing.T) {
 			len(shapes), lineShape(fmt.Sprintf(timeout, "q7.")))
 	}
 }
+
+// TestClientsOwnPromotionsDoNotKeepAHostFromItsEvent: at the default rate,
+// a client spends the room of promotions with names of its own: each hour,
+// as the room frees, 11 fresh names of 11 timeouts each, just over the
+// threshold. A host that times out once a minute, 60 lines in any hour,
+// has more lines than any of them: a place of the room goes to the member
+// with the most lines first, so the host must become an event of its own
+// within the 3 hours, its name in an event of its own.
+func TestClientsOwnPromotionsDoNotKeepAHostFromItsEvent(t *testing.T) {
+	h, _, clk := newTestHarness(t, testConfig(defaultLevels, defaultQPS, defaultBurst,
+		defaultCacheSize))
+	start := clk.Now()
+	for i := range ownEvents {
+		h.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", start))
+	}
+	const host = "db.corp.example"
+	const client = "2 n%d.client.example. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout"
+	const timeout = "2 %s. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout"
+	name, hostLines := 0, 0
+	promotedAt := time.Duration(-1)
+	for at := time.Duration(0); at < 3*time.Hour && promotedAt < 0; at += time.Minute {
+		if at%budgetWindow == 0 { // the room freed: fresh names just over the threshold
+			for range maxPromoted + 1 {
+				name++
+				for k := range promoteAt + 1 {
+					h.observe(ln(levelError, "errors", fmt.Sprintf(client, name, 30000+k),
+						clk.Now()))
+				}
+			}
+		}
+		h.advance(30 * time.Second)
+		hostLines++
+		h.observe(ln(levelError, "errors", fmt.Sprintf(timeout, host, 1024+hostLines),
+			clk.Now()))
+		for _, e := range h.s.corr.cache.values() {
+			if e.key.member == host && strings.Contains(e.message, host) {
+				promotedAt = at
+			}
+		}
+		h.advance(30 * time.Second)
+	}
+	if promotedAt < 0 {
+		others := 0
+		for _, e := range h.s.corr.cache.values() {
+			if e.key.member != "" {
+				others++
+			}
+		}
+		t.Errorf("a host of one timeout a minute (%d lines in 3 h) is no event of its own; "+
+			"%d names of the client are, of %d queries", hostLines, others,
+			name*(promoteAt+1))
+	}
+}
+
+// TestAPlaceOfTheRoomGoesToTheMemberOfTheMostLines: the room of promotions
+// is spent by a client's names; a host of 30 timeouts waits. When one place
+// frees, a client's name that just reached the threshold does not take it:
+// the host, of more lines, is elected, and its next line is an event of
+// its own.
+func TestAPlaceOfTheRoomGoesToTheMemberOfTheMostLines(t *testing.T) {
+	c := newCorrelator(defaultCacheSize, func(*entry) {})
+	for i := range ownEvents {
+		c.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", epoch))
+	}
+	const line = "2 %s. A: read udp 10.0.0.9:%d->192.0.2.53:53: i/o timeout"
+	name := func(i int) string { return fmt.Sprintf("n%d.client.example", i) }
+	logN := func(member string, n int, at time.Duration) {
+		for k := range n {
+			c.observe(ln(levelError, "errors", fmt.Sprintf(line, member, 30000+k), epoch.Add(at)))
+		}
+	}
+	logN(name(0), promoteAt, 0) // the room: one place at 0, nine a minute later
+	for i := 1; i < maxPromoted; i++ {
+		logN(name(i), promoteAt, time.Minute)
+	}
+	const host = "db.corp.example"
+	logN("late.client.example", promoteAt-1, 90*time.Second) // counted before the host
+	for k := range 30 {
+		logN(host, 1, 2*time.Minute+time.Duration(k)*time.Minute)
+	}
+	logN("late.client.example", 1, 55*time.Minute)
+	for i := range ownEvents { // the events of their own came back with the hour
+		c.observe(ln(levelError, "errors", "upstream "+word(ownEvents+i)+" unhealthy",
+			epoch.Add(budgetWindow)))
+	}
+	logN("late.client.example", 1, budgetWindow+time.Second) // one place is free
+	logN(host, 1, budgetWindow+2*time.Second)
+	own := map[string]bool{}
+	for _, e := range c.cache.values() {
+		own[e.key.member] = true
+	}
+	if !own[host] || own["late.client.example"] {
+		t.Errorf("one place freed: the host of 31 lines has an event of its own: %v, "+
+			"a name of 11 lines has one: %v", own[host], own["late.client.example"])
+	}
+}

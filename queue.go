@@ -11,9 +11,10 @@ import (
 // The order in which a bucket's entries take its tokens, new information first: in the flush,
 // events whose patch found them gone; then the plugins, least recently served first, so that each
 // plugin waiting puts at most one event before one served after it; within a plugin, its entries
-// settling (evicted, their latest write unanswered) first, then its shapes the same way, so that
-// one shape of many events does not hold back a new one; within a shape, new events (a re-create
-// among them) and updates of written ones take turns, new first; the new events by member (the
+// settling (evicted, their latest write unanswered) and its re-creates (whose patch found the
+// event gone: the plugin takes back its turn, see resume) first, then its shapes the same way, so
+// that one shape of many events does not hold back a new one; within a shape, new events and
+// updates of written ones take turns, new first; the new events by member (the
 // name a line is about), least recently served first, so that a client's many events of a shape
 // do not hold back a host's; each in the order it began to wait. With the bucket's requests in
 // flight at their cap, the first plugin with none out goes. Entries waiting for a time (backoff,
@@ -162,6 +163,8 @@ type tokenQueue struct {
 	unwritten list.List      // of the entries never written that wait, oldest first
 	changed   []*turnQueue   // plugins whose oldest never written may have changed
 	flying    map[string]int // requests in flight, by plugin
+	// recreating is the re-creates waiting first in their plugins: each adds a refill to the bound
+	recreating int
 }
 
 func newTokenQueue() *tokenQueue {
@@ -238,9 +241,13 @@ func (q *tokenQueue) pushFirst(e *entry) { heap.Push(&q.first, e) }
 
 // push queues e, settling or not, behind those that began to wait before it.
 // A shape or a member that waits again takes the place of its entry served last.
+// A re-create goes with the entries settling: it is its patch's write continued.
 func (q *tokenQueue) push(e *entry, settling bool) {
 	p := q.plugin(e.key.plugin)
-	if settling {
+	if settling || e.slot.recreate {
+		if e.slot.recreate {
+			q.recreating++
+		}
 		q.into(&p.settling, p, e)
 		return
 	}
@@ -270,6 +277,23 @@ func (q *tokenQueue) push(e *entry, settling bool) {
 	q.into(&mq.fresh, mq, e)
 }
 
+// resume gives the plugin of e, whose patch found its event gone, back the turn it had when e
+// began to wait: its re-create, first within its plugin, goes after every plugin that had no turn
+// since then, and before those that had one (they went ahead of e once already). So a plugin's
+// patch and its re-create are one turn, of two tokens: each other plugin goes ahead of e once at
+// most, and the re-create goes ahead of another plugin's line only when that plugin had a turn
+// since e began to wait.
+func (q *tokenQueue) resume(e *entry) {
+	p := q.plugin(e.key.plugin)
+	if e.slot.stamp == 0 || e.slot.stamp >= p.served {
+		return
+	}
+	p.served = e.slot.stamp
+	if p.index >= 0 {
+		heap.Fix(&q.turns, p.index)
+	}
+}
+
 // into pushes e in h, of t, and t and those above it in their turns if they were not.
 func (q *tokenQueue) into(h *entryHeap, t *turnQueue, e *entry) {
 	heap.Push(h, e)
@@ -286,6 +310,9 @@ func (q *tokenQueue) into(h *entryHeap, t *turnQueue, e *entry) {
 
 func (q *tokenQueue) remove(e *entry) {
 	t := e.slot.owner
+	if e.slot.recreate && t != nil && e.slot.in == &t.settling {
+		q.recreating--
+	}
 	heap.Remove(e.slot.in, e.slot.index)
 	for ; t != nil && t.empty() && t.index >= 0; t = t.parent {
 		switch t.depth {
@@ -301,13 +328,14 @@ func (q *tokenQueue) remove(e *entry) {
 	}
 }
 
-// served takes e, which got a token, out of the queue: its member's turn comes again after every
-// other member of its shape waiting, its shape's after every other shape of its plugin waiting,
-// and its plugin's after every other plugin waiting.
-func (q *tokenQueue) served(e *entry) {
+// served takes e, which got a token for the request of id, out of the queue: its member's turn
+// comes again after every other member of its shape waiting, its shape's after every other shape
+// of its plugin waiting, and its plugin's after every other plugin waiting. A turn is the id of
+// its request, on the count of the stamps at which entries begin to wait: the two compare.
+func (q *tokenQueue) served(e *entry, id uint64) {
 	t := e.slot.owner
 	if t != nil {
-		q.turn++
+		q.turn = id
 		e.slot.served = q.turn
 		if t.depth == depthShape {
 			t.updateNext = false

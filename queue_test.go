@@ -14,7 +14,8 @@ import (
 // plugin, shape, whether written, whether settling, and the order in which
 // they began to wait.
 //
-//   - Entries settling go first, the oldest first.
+//   - Entries settling go first, the oldest first; outside the flush, a
+//     re-create goes with them, first within its plugin.
 //   - Then the plugins, least recently served first: a plugin served later
 //     than another that waits does not go before it.
 //   - Within a plugin its shapes the same way: a shape that has waited
@@ -25,6 +26,11 @@ import (
 //     the shape last served an update or starts anew, an update after a new
 //     one while the shape waited without a break.
 //   - Within each, the entry that began to wait first.
+//
+// A turn is the id of its request, on the count of the stamps at which
+// entries begin to wait. A plugin whose patch found its event gone takes
+// back the turn it had when that entry began to wait: its re-create goes
+// before the plugins not served since, after those served since.
 //
 // A shape that waits again after a break starts anew, placed by its event
 // served last, which the record cannot tell apart from a break: the checks
@@ -37,7 +43,7 @@ type tokenOrder struct {
 
 type orderBucket struct {
 	turn    uint64
-	plugins map[string]uint64 // the turn each plugin was last served
+	plugins map[string]uint64 // the turn each plugin was last served, or took back
 	shapes  map[shapeID]*shapeTurn
 }
 
@@ -65,6 +71,18 @@ func newTokenOrder() *tokenOrder {
 func (o *tokenOrder) answered(e *entry, res result) {
 	if e != nil && res.outcome == writeGone {
 		o.gone[e] = true
+	}
+}
+
+// resumed takes the answer to the request of e as the scheduler gets it: a plugin whose patch
+// found its event gone takes back the turn it had when e began to wait.
+func (o *tokenOrder) resumed(e *entry, res result) {
+	if e == nil || res.outcome != writeGone {
+		return
+	}
+	b := o.buckets[bucketOf(e)]
+	if e.slot.stamp != 0 && e.slot.stamp < b.plugins[e.key.plugin] {
+		b.plugins[e.key.plugin] = e.slot.stamp
 	}
 }
 
@@ -111,7 +129,7 @@ func (o *tokenOrder) dispatched(s *scheduler, reqs []request, inFlush map[*entry
 		}
 		w := waiting[f.bucket]
 		view.bucket = f.bucket
-		if err := o.buckets[f.bucket].served(f.e, w, view); err != nil {
+		if err := o.buckets[f.bucket].served(f.e, w, view, r.id); err != nil {
 			return fmt.Errorf("%s bucket, turn %d: %w", bucketName(f.bucket), o.buckets[f.bucket].turn, err)
 		}
 		delete(o.gone, f.e)
@@ -134,9 +152,11 @@ type orderView struct {
 
 func (v *orderView) first(e *entry) bool { return v.inFlush[e] }
 
+// settling tells that e goes first within its plugin: it settles, or, outside the flush, it is
+// a re-create.
 func (v *orderView) settling(e *entry) bool {
 	_, ok := v.s.settling[e]
-	return ok && !v.inFlush[e]
+	return (ok || v.gone[e]) && !v.inFlush[e]
 }
 
 // out tells that e's plugin has a request of its bucket in flight: with the
@@ -166,10 +186,11 @@ func turnMember(e *entry) string {
 	return e.key.member
 }
 
-// served checks that e may take the token while the entries w wait, e
-// among them, and records it. In the flush, the re-creates (first) go
-// before any other; an entry settling goes first within its plugin.
-func (b *orderBucket) served(e *entry, w []*entry, o *orderView) error {
+// served checks that e may take the token of the request id while the
+// entries w wait, e among them, and records it. In the flush, the
+// re-creates (first) go before any other; an entry settling, or a
+// re-create outside the flush, goes first within its plugin.
+func (b *orderBucket) served(e *entry, w []*entry, o *orderView, id uint64) error {
 	fresh := func(x *entry) bool { return x.carried == 0 || o.gone[x] }
 	if o.first(e) {
 		for _, x := range w {
@@ -191,8 +212,11 @@ func (b *orderBucket) served(e *entry, w []*entry, o *orderView) error {
 		}
 	}
 	if o.settling(e) {
-		b.turn++
+		b.turn = id
 		b.plugins[e.key.plugin] = b.turn
+		if o.gone[e] { // a re-create places its shape, should it wait again, at this turn
+			b.shapes[turnShape(e)] = &shapeTurn{turn: id, fresh: true}
+		}
 		return nil
 	}
 	p, sh := e.key.plugin, turnShape(e)
@@ -238,7 +262,7 @@ func (b *orderBucket) served(e *entry, w []*entry, o *orderView) error {
 			return fmt.Errorf("new %q went right after a new event of its shape, while an update waited", e.message)
 		}
 	}
-	b.turn++
+	b.turn = id
 	b.plugins[p] = b.turn
 	st.turn, st.fresh, st.left = b.turn, fresh(e), map[*entry]int64{}
 	for _, x := range w {

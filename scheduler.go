@@ -282,12 +282,14 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		fleetRead, write := false, !read
 		if write {
 			w, due, must := s.fleet.readDue(now, s.stopping)
-			if must { // the write waits for N
-				if w > 0 {
-					soon(now.Add(w))
-				}
+			if w > 0 { // the write waits for N, or a read of N comes then
+				soon(now.Add(w))
+			}
+			if must {
 				break
 			}
+			// a stale N is read again only for a write its share lets go
+			due = due && (s.fleet.n == 0 || s.fleet.wait(b, now) == 0)
 			fleetRead = s.fleetReadable(due, now)
 			write = !fleetRead
 		}
@@ -326,7 +328,7 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		}
 		s.fleet.take(b, id, now)
 		s.fleet.wrote()
-		q.served(e)
+		q.served(e, id)
 		q.flying[e.key.plugin]++
 		reqs = append(reqs, s.prepare(e, id, b, now))
 	}
@@ -358,8 +360,9 @@ func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
 }
 
 // showDelays shows, by reason, the oldest event never written, and the bound
-// of a new line: a refill for each plugin waiting, the write, and a refill and a write's time
-// for each read of the pod left.
+// of a new line: a refill for each plugin waiting and one more for each re-create waiting (its
+// plugin's turn is of two writes), the write, and a refill and a write's time for each read of
+// the pod left.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		since := s.showPlugins(l)
@@ -369,7 +372,8 @@ func (s *scheduler) showDelays() {
 		}
 		// each read of the pod left takes a token and its time: a list, then a get
 		reads := float64(s.pod.readsLeft())
-		turns := float64(max(len(s.queues[l].turns), 1)) + reads
+		q := s.queues[l]
+		turns := float64(max(len(q.turns), 1)+min(q.recreating, len(q.turns))) + reads
 		refills := min(turns/qps, 365*24*3600)
 		bound := time.Duration(refills*1e9) + writeTimeout*time.Duration(1+reads)
 		bound += s.fleet.window()
@@ -566,7 +570,7 @@ func (s *scheduler) outcome(res result, now time.Time) {
 		heldTotal.Add(s.push.tooMany(now, res.retryAfter, s.rand).Seconds())
 	case res.err != nil && (code == 0 || code >= 500): // the API server is away
 		s.fleet.outage()
-	case res.err == nil && !f.read && !f.fleet:
+	case res.err == nil || code != 0: // answered, within the server's budget
 		s.push.succeeded()
 	}
 	if q := s.queues[f.bucket]; f.e != nil { // its plugin has one fewer out
@@ -613,9 +617,10 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 			e.name = ""
 		}
 		eventWrites.WithLabelValues(e.key.level.reason(), f.verb.String()).Inc()
-	case writeGone: // the event expired or was deleted: create it anew, first
+	case writeGone: // the event expired or was deleted: create it anew, in the patch's turn
 		e.name, e.doubt, expected = "", 0, "gone"
 		e.slot.recreate = true
+		s.queues[bucketOf(e)].resume(e)
 	case writeExists:
 		if f.retry { // a create that got no answer had been applied: patch it
 			// the least it holds: an unanswered retry may have been the one applied

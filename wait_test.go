@@ -254,3 +254,74 @@ func TestReloadThatChangesQuietKeepsTheLinesOfTheLastQuiet(t *testing.T) {
 		t.Errorf("%d ends once the storm calmed, want 1", n)
 	}
 }
+
+// TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound: a plugin
+// with nothing pending logs a line of an event the API server's TTL
+// removed, while two other plugins have lines waiting. Its patch finds the
+// event gone and it is created anew: the re-create is the same write
+// continued, so the line waits one refill and one write's time more than
+// the README's bound, (1 + 2 + 1) refills and two writes' time, not a
+// second turn behind the other plugins.
+func TestQuietPluginsLineWhoseEventExpiredIsWrittenWithinTheBound(t *testing.T) {
+	const refill = 300 * time.Second
+	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
+	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", clk.Now()))
+	drain(h) // reload's event is written with the one token
+	h.advance(2 * time.Hour)
+	api.expire()       // the API server's --event-ttl removed it
+	for i := range 8 { // two loud plugins with new events waiting
+		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " down"), clk.Now()))
+		h.observe(ln(levelError, "errors", fmt.Sprint("zone ", i, " broken"), clk.Now()))
+	}
+	drain(h) // the token there is goes to one of them
+	logged := clk.Now()
+	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
+	drain(h)
+	bound := (1+2+1)*refill + 2*writeTimeout
+	for clk.Since(logged) < 4*bound {
+		for _, ev := range api.list() {
+			if strings.HasSuffix(ev.Message, "reload failed") && ev.Count == 2 {
+				if wait := clk.Since(logged); wait > bound {
+					t.Errorf("reload's line is written %v after it was logged, past the bound %v",
+						wait, bound)
+				}
+				return
+			}
+		}
+		h.advance(time.Second)
+	}
+	t.Errorf("reload's line is not written within %v", 4*bound)
+}
+
+// TestBoundShownCountsARecreateWaiting: reload had a turn after forward's
+// line of an expired event began to wait, so forward's re-create, its
+// patch's write continued, goes before reload's next line. The bound shown
+// for that line (which the alert CoreDNSEventsDelayed compares its age to)
+// counts the re-create waiting: the line is written within the largest
+// bound shown while it waits.
+func TestBoundShownCountsARecreateWaiting(t *testing.T) {
+	const refill = 300 * time.Second
+	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
+	h.observe(ln(levelError, "reload", "Corefile changed", clk.Now()))
+	drain(h) // reload is served first
+	h.advance(refill)
+	h.observe(ln(levelError, "forward", "upstream X down", clk.Now()))
+	drain(h) // then forward
+	h.advance(2 * time.Hour)
+	api.expire()
+	h.observe(ln(levelError, "forward", "upstream X down", clk.Now())) // a patch: it finds it gone
+	h.observe(ln(levelError, "reload", "reload failed", clk.Now()))
+	drain(h) // reload's turn comes first: its line takes the one token
+	logged := clk.Now()
+	h.observe(ln(levelError, "reload", "Corefile broken", logged))
+	drain(h)
+	var bound time.Duration
+	for !holds(api, "Corefile broken") && clk.Since(logged) < 2*time.Hour {
+		bound = max(bound, time.Duration(delays[levelError].bound.Load()))
+		h.advance(time.Second)
+	}
+	if wait := clk.Since(logged); wait > bound {
+		t.Errorf("reload's line is written %v after it was logged, past the largest bound "+
+			"shown, %v", wait, bound)
+	}
+}

@@ -2,6 +2,7 @@ package directives
 
 import (
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/coredns/coredns/core/dnsserver"
@@ -35,4 +36,32 @@ func TestInsertBeforeUnknown(t *testing.T) {
 		}
 	}()
 	InsertBefore("x", "no-such-directive")
+}
+
+// Known is the standard list, and leaves CoreDNS's own alone: goroutines
+// that call it while others read CoreDNS's list do not race.
+func TestKnownLeavesCoreDNSsListAlone(t *testing.T) {
+	saved := slices.Clone(dnsserver.Directives)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			known := Known()
+			if !(slices.Index(known, "kubeapi") < slices.Index(known, "k8s_event") && slices.Index(known, "kubeapi") >= 0) {
+				t.Errorf("known: %v", known)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			_ = slices.Contains(dnsserver.Directives, "kubeapi")
+		}()
+	}
+	wg.Wait()
+	if !slices.Equal(dnsserver.Directives, saved) {
+		t.Errorf("CoreDNS's list changed: %v", dnsserver.Directives)
+	}
+	if len(Known()) != len(saved)+2 {
+		t.Errorf("%d known, want %d", len(Known()), len(saved)+2)
+	}
 }

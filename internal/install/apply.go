@@ -2,9 +2,9 @@ package install
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,102 +13,115 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// applyInstall makes the changes up to the workload's patch, or with
-// DryRun says them.
-func (r *run) applyInstall(ctx context.Context, c kubernetes.Interface, p *installPlan) error {
-	o, gen := r.o, p.gen
-	ns := p.w.meta().Namespace
-	if o.DryRun {
-		r.printf("# dry run: nothing is changed\n")
+// step is one write of a plan: what it changes, the line that says it,
+// the write itself and what takes it back.
+type step struct {
+	change Change
+	line   string
+	do     func(ctx context.Context) error // nil: nothing to write; errKept: there already
+	undo   func(ctx context.Context) error // what takes it back when the run fails
+	needs  []need                          // the rights do and undo need
+	dry    func(ctx context.Context) error // the server-side dry run of do; nil: none alone
+}
+
+// applied is what apply went through: each step said, in order, and
+// whether its write was made.
+type applied struct {
+	steps   []step
+	written []bool
+}
+
+// wrote reports whether apply made any write.
+func (a applied) wrote() bool {
+	return slices.Contains(a.written, true)
+}
+
+// apply makes the writes of steps in order, or with dry none: it returns
+// what it went through, up to a write that failed, and that failure.
+func apply(ctx context.Context, steps []step, dry bool) (applied, error) {
+	var a applied
+	for _, s := range steps {
+		if dry || s.do == nil {
+			a.steps, a.written = append(a.steps, s), append(a.written, false)
+			continue
+		}
+		err := s.do(ctx)
+		if err != nil && !errors.Is(err, errKept) {
+			return a, fmt.Errorf("%s: %w", s.line, err)
+		}
+		a.steps, a.written = append(a.steps, s), append(a.written, err == nil)
 	}
-	r.printf("%s: image %s -> %s (CoreDNS %s -> %s)\n", ref(p.w), r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
-	r.printf("configmap keys the pods read:\n%s", indent(strings.Join(r.res.Keys, "\n")))
-	r.printf("rollout: %s\n%s", r.res.Rollout, r.extrasText())
+	return a, nil
+}
+
+// installSteps are the writes of the install p plans, in order, up to the
+// workload's patch; with dry, what follows the rollout too.
+func installSteps(c kubernetes.Interface, p *installPlan, dry bool) []step {
+	var steps []step
 	if p.genThere {
-		r.change(Change{Action: "keep", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "there already"}, "configmap "+ns+"/"+gen.Name+" is there")
+		steps = append(steps, step{change: Change{Action: "keep", Kind: "configmap", Name: p.w.meta().Namespace + "/" + p.gen.Name, Detail: "there already"}, line: "configmap " + p.w.meta().Namespace + "/" + p.gen.Name + " is there"})
 	} else {
-		src := p.w.template().Spec.Volumes[p.t.volume].ConfigMap.Name
-		if p.t.rec != nil && src == p.t.rec.ConfigMap {
-			src = p.t.rec.Original.Volume.ConfigMap.Name
-		}
-		r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: Diff(r.sourceText(ctx, c, ns, src, p.t.key), gen.Data[p.t.key])},
-			fmt.Sprintf("create configmap %s/%s, the Corefile of %s with kubeapi and k8s_event", ns, gen.Name, src))
-		if !o.DryRun {
-			switch _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); {
-			case err == nil:
-				r.done = append(r.done, r.res.Changes[len(r.res.Changes)-1])
-				r.created = append(r.created, undoStep{r.res.Changes[len(r.res.Changes)-1], func(ctx context.Context) error {
-					// Unless the workload reads it all the same (a patch
-					// that went through, its answer lost).
-					now, err := p.w.get(ctx, c)
-					switch {
-					case err != nil:
-						return err
-					case slices.ContainsFunc(now.template().Spec.Volumes, func(v corev1.Volume) bool {
-						return v.ConfigMap != nil && v.ConfigMap.Name == gen.Name
-					}):
-						return errKept
-					}
-					return c.CoreV1().ConfigMaps(ns).Delete(ctx, gen.Name, metav1.DeleteOptions{})
-				}})
-			case !apierrors.IsAlreadyExists(err):
-				r.failed()
-				return fmt.Errorf("create configmap %s/%s: %w", ns, gen.Name, err)
-			}
-		}
+		steps = append(steps, configMapStep(c, p))
 	}
-	for _, s := range p.rbac {
-		r.change(s.change, s.line)
-		if !o.DryRun && s.do != nil {
-			if err := s.do(ctx); err != nil {
-				r.failed()
-				return fmt.Errorf("%s: %w", s.line, err)
-			}
-			r.done = append(r.done, s.change)
-			if s.undo != nil {
-				r.created = append(r.created, undoStep{s.change, s.undo})
-			}
-		}
-	}
-	return r.applyPatch(ctx, c, p)
+	steps = append(steps, p.rbac...)
+	return append(steps, patchSteps(c, p, dry)...)
 }
 
-// applyPatch patches the workload, or with DryRun says the patch and
-// what follows the rollout.
-func (r *run) applyPatch(ctx context.Context, c kubernetes.Interface, p *installPlan) error {
-	o, w, kind, name := r.o, p.w, kindName(p.w), nsName(p.w)
+// configMapStep creates the ConfigMap the pods will read; its undo
+// deletes it unless the workload reads it all the same (a patch that went
+// through, its answer lost).
+func configMapStep(c kubernetes.Interface, p *installPlan) step {
+	ns, gen, cms := p.w.meta().Namespace, p.gen, c.CoreV1().ConfigMaps(p.w.meta().Namespace)
+	return step{
+		change: Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: p.diff},
+		line:   fmt.Sprintf("create configmap %s/%s, the Corefile of %s with kubeapi and k8s_event", ns, gen.Name, p.source),
+		do: func(ctx context.Context) error {
+			_, err := cms.Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager})
+			if apierrors.IsAlreadyExists(err) {
+				return errKept
+			}
+			return err
+		},
+		undo: func(ctx context.Context) error {
+			now, err := p.w.get(ctx, c)
+			switch {
+			case err != nil:
+				return err
+			case slices.ContainsFunc(now.template().Spec.Volumes, func(v corev1.Volume) bool {
+				return v.ConfigMap != nil && v.ConfigMap.Name == gen.Name
+			}):
+				return errKept
+			}
+			return cms.Delete(ctx, gen.Name, metav1.DeleteOptions{})
+		},
+	}
+}
+
+// patchSteps patch the workload, or say it has k8s_event already; with
+// dry, what follows the rollout too.
+func patchSteps(c kubernetes.Interface, p *installPlan, dry bool) []step {
+	w, kind, name := p.w, kindName(p.w), nsName(p.w)
 	ns := w.meta().Namespace
+	var steps []step
 	if p.patch == nil {
-		r.change(Change{Action: "keep", Kind: kind, Name: name, Detail: "has k8s_event already"}, ref(w)+" has k8s_event already")
+		steps = append(steps, step{change: Change{Action: "keep", Kind: kind, Name: name, Detail: "has k8s_event already"}, line: ref(w) + " has k8s_event already"})
 		if p.release && !p.finish {
-			r.change(Change{Action: "patch", Kind: kind, Name: name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, "patch "+ref(w)+", giving up the install's field ownership")
+			steps = append(steps, step{change: Change{Action: "patch", Kind: kind, Name: name, Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, line: "patch " + ref(w) + ", giving up the install's field ownership"})
 		}
 	} else {
-		r.change(Change{Action: "patch", Kind: kind, Name: name, Detail: string(p.patch.display)}, "patch "+ref(w))
-		if !o.DryRun {
-			if err := w.patch(ctx, c, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-				r.failed()
-				return fmt.Errorf("patch %s: %w", ref(w), err)
-			}
-		}
+		steps = append(steps, step{change: Change{Action: "patch", Kind: kind, Name: name, Detail: string(p.patch.display)}, line: "patch " + ref(w),
+			do: func(ctx context.Context) error {
+				return w.patch(ctx, c, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager})
+			}})
 	}
-	if p.strategy && o.DryRun {
-		r.change(Change{Action: "patch", Kind: kind, Name: name, When: "after the rollout", Detail: "strategy back to " + p.before.rolloutString()},
-			"after the rollout, patch "+ref(w))
+	if !dry {
+		return steps
 	}
-	if o.DryRun {
-		for _, cm := range p.prunes {
-			r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: "after the rollout", Detail: "no revision of " + ref(w) + " reads it"}, "after the rollout, delete configmap "+ns+"/"+cm)
-		}
+	if p.strategy {
+		steps = append(steps, step{change: Change{Action: "patch", Kind: kind, Name: name, When: "after the rollout", Detail: "strategy back to " + p.before.rolloutString()}, line: "after the rollout, patch " + ref(w)})
 	}
-	return nil
-}
-
-// sourceText is the Corefile of the operator's ConfigMap, for the diff.
-func (r *run) sourceText(ctx context.Context, c kubernetes.Interface, ns, name, key string) string {
-	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return ""
+	for _, cm := range p.prunes {
+		steps = append(steps, step{change: Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: "after the rollout", Detail: "no revision of " + ref(w) + " reads it"}, line: "after the rollout, delete configmap " + ns + "/" + cm})
 	}
-	return cm.Data[key]
+	return steps
 }

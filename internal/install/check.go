@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/coredns/caddy/caddyfile"
-	"github.com/coredns/coredns/core/dnsserver"
 
 	k8s_event "github.com/dnsops/k8s_event"
 	"github.com/dnsops/k8s_event/internal/directives"
@@ -63,11 +62,11 @@ func (c *corefileText) check() error {
 // of the CoreDNS this tool installs does, the first directive (in block
 // and line order) that CoreDNS does not know.
 func (c *corefileText) unknownDirective() error {
-	directives.Standard()
+	known := directives.Known()
 	for _, b := range c.parsed {
 		var first *caddyfile.Token
 		for dir, tokens := range b.Tokens {
-			if !slices.Contains(dnsserver.Directives, dir) && (first == nil || tokens[0].Line < first.Line) {
+			if !slices.Contains(known, dir) && (first == nil || tokens[0].Line < first.Line) {
 				first = &caddyfile.Token{File: tokens[0].File, Line: tokens[0].Line, Text: dir}
 			}
 		}

@@ -3,7 +3,9 @@ package install
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/coredns/caddy/caddyfile"
@@ -124,13 +126,12 @@ func TestAddPluginsRefusesOptionsThePluginRefuses(t *testing.T) {
 // directives, and accepts what that parser accepts, on the corpus and on
 // Corefiles with a directive CoreDNS does not know.
 func TestCheckReadsUnknownDirectivesAsCaddyfileDoes(t *testing.T) {
-	directives.Standard()
 	texts := corpus(t)
 	texts["unknown"] = ".:53 {\n    errors\n    no_such_plugin a\n    other_unknown\n}\n"
 	texts["unknown in a snippet"] = "(s) {\n    not_a_plugin\n}\n.:53 {\n    import s\n    whoami\n}\n"
 	texts["unknown in the second block"] = ".:53 {\n    whoami\n}\nexample.org:53 {\n    whoami\n    nope\n}\n"
 	for name, text := range texts {
-		_, want := caddyfile.Parse("Corefile", strings.NewReader(text), dnsserver.Directives)
+		_, want := caddyfile.Parse("Corefile", strings.NewReader(text), directives.Known())
 		c, err := parseCorefile(text, nil)
 		if err != nil {
 			continue // caddyfile refuses it whatever the directives
@@ -140,5 +141,42 @@ func TestCheckReadsUnknownDirectivesAsCaddyfileDoes(t *testing.T) {
 		case want == nil && got != nil, want != nil && got == nil, want != nil && got.Error() != want.Error():
 			t.Errorf("%s: the reader's check says %v, caddyfile %v", name, got, want)
 		}
+	}
+}
+
+// Two runs in one process check their Corefiles at once, beside a reader
+// of CoreDNS's own directive list (a CoreDNS in the same process): the
+// directives they check against are worked out once, on a copy, and
+// CoreDNS's list is never written, so nothing races (go test -race) and
+// both runs know kubeapi and k8s_event.
+func TestTwoRunsInOneProcessDoNotRace(t *testing.T) {
+	saved := slices.Clone(dnsserver.Directives)
+	t.Cleanup(func() { dnsserver.Directives = saved })
+	dnsserver.Directives = slices.DeleteFunc(slices.Clone(saved), func(d string) bool { return d == "kubeapi" || d == "k8s_event" })
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- Install(context.Background(), newClient(deployment(), configMap()), Options{Image: image})
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 1000 {
+			_ = slices.Contains(dnsserver.Directives, "kubeapi")
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("install: %v", err)
+		}
+	}
+	if slices.Contains(dnsserver.Directives, "kubeapi") {
+		t.Errorf("a run wrote CoreDNS's directive list: %v", dnsserver.Directives)
 	}
 }

@@ -211,17 +211,17 @@ func (w *daemon) batchStrategy() appsv1.DaemonSetUpdateStrategy {
 // minReadySeconds raised to the settle time; then batches (rollStages).
 // Without a wait there is no canary: refused, or with Force the
 // operator's updateStrategy.
-func (w *daemon) planRollout(_ context.Context, _ kubernetes.Interface, r *run, want workload, settle time.Duration) (bool, []string) {
+func (w *daemon) planRollout(_ context.Context, _ kubernetes.Interface, pl *planner, want workload, settle time.Duration) (bool, []string) {
 	wd, op := want.(*daemon).d, w.d
 	wd.Spec.UpdateStrategy, wd.Spec.MinReadySeconds = op.Spec.UpdateStrategy, op.Spec.MinReadySeconds
 	delete(wd.Annotations, StrategyAnnotation)
-	if r.o.Wait <= 0 {
-		why := fmt.Sprintf("a DaemonSet rolls a canary first and then batch by batch, which the run must watch, and with --timeout 0 %s does not wait", r.res.Command)
-		r.res.Rollout = "with the DaemonSet's own updateStrategy (" + w.rolloutString() + ")"
-		if !r.o.Force {
+	if pl.o.Wait <= 0 {
+		why := fmt.Sprintf("a DaemonSet rolls a canary first and then batch by batch, which the run must watch, and with --timeout 0 %s does not wait", pl.command)
+		pl.rep.Rollout = "with the DaemonSet's own updateStrategy (" + w.rolloutString() + ")"
+		if !pl.o.Force {
 			return false, []string{why + ": give a --timeout, or --force to roll with the DaemonSet's own updateStrategy"}
 		}
-		r.warn("--force: " + why)
+		pl.warn("--force: " + why)
 		return false, nil
 	}
 	tmp := appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
@@ -237,7 +237,7 @@ func (w *daemon) planRollout(_ context.Context, _ kubernetes.Interface, r *run, 
 	if surgeAllowed(&op.Spec.Template.Spec) {
 		canary = "RollingUpdate, maxSurge 1, maxUnavailable 0: one node's new pod beside its old one"
 	}
-	r.res.Rollout = fmt.Sprintf("a canary first (%s, which must be Ready without a restart for %v), then RollingUpdate batch by batch with %s, each batch Ready without a restart for %v (minReadySeconds %d) before the next; your updateStrategy (%s) and minReadySeconds (%d) are put back after", canary, settle, surge, settle, wd.Spec.MinReadySeconds, w.rolloutString(), op.Spec.MinReadySeconds)
+	pl.rep.Rollout = fmt.Sprintf("a canary first (%s, which must be Ready without a restart for %v), then RollingUpdate batch by batch with %s, each batch Ready without a restart for %v (minReadySeconds %d) before the next; your updateStrategy (%s) and minReadySeconds (%d) are put back after", canary, settle, surge, settle, wd.Spec.MinReadySeconds, w.rolloutString(), op.Spec.MinReadySeconds)
 	return true, nil
 }
 

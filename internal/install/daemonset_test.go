@@ -45,6 +45,7 @@ func daemonSetOfNodes() *appsv1.DaemonSet {
 // others are available. A pod of image crash restarts and is never Ready.
 type dsController struct {
 	c     *fake.Clientset
+	name  string
 	nodes int
 	crash string
 	mu    sync.Mutex
@@ -56,11 +57,16 @@ type dsController struct {
 }
 
 func newDSController(c *fake.Clientset, nodes int, crash string) *dsController {
-	k := &dsController{c: c, nodes: nodes, crash: crash, created: map[string]int{}, readyAt: map[string]time.Time{}}
+	return newDSControllerOf(c, "coredns", nodes, crash)
+}
+
+// newDSControllerOf is the controller of the DaemonSet name.
+func newDSControllerOf(c *fake.Clientset, name string, nodes int, crash string) *dsController {
+	k := &dsController{c: c, name: name, nodes: nodes, crash: crash, created: map[string]int{}, readyAt: map[string]time.Time{}}
 	syncOn := func(a k8stesting.Action) (bool, runtime.Object, error) {
 		k.mu.Lock()
 		defer k.mu.Unlock()
-		obj, err := c.Tracker().Get(daemonSetsResource, a.GetNamespace(), "coredns")
+		obj, err := c.Tracker().Get(daemonSetsResource, a.GetNamespace(), k.name)
 		if err == nil {
 			k.sync(obj.(*appsv1.DaemonSet).DeepCopy())
 		}
@@ -135,7 +141,21 @@ func (k *dsController) sync(ds *appsv1.DaemonSet) {
 // lets it.
 func (k *dsController) roll(ds *appsv1.DaemonSet, nodes []nodePods, hash string) {
 	ru := ds.Spec.UpdateStrategy.RollingUpdate
-	surge, unavailable := ru.MaxSurge.IntValue(), ru.MaxUnavailable.IntValue()
+	// As the controller reads them: a percentage of the nodes, rounded
+	// up; maxUnavailable 1 and maxSurge 0 when not set.
+	scaled := func(v *intstr.IntOrString, def int) int {
+		if v == nil {
+			return def
+		}
+		n, _ := intstr.GetScaledValueFromIntOrPercent(v, k.nodes, true)
+		return n
+	}
+	var surge, unavailable int
+	if ru == nil {
+		surge, unavailable = 0, 1
+	} else {
+		surge, unavailable = scaled(ru.MaxSurge, 0), scaled(ru.MaxUnavailable, 1)
+	}
 	surging, down := 0, 0
 	for _, n := range nodes {
 		if n.cur != nil && n.old != nil {
@@ -197,7 +217,12 @@ func (k *dsController) newPod(ds *appsv1.DaemonSet, node, hash string) *corev1.P
 
 func getDS(t *testing.T, c *fake.Clientset) *appsv1.DaemonSet {
 	t.Helper()
-	d, err := c.AppsV1().DaemonSets("kube-system").Get(context.Background(), "coredns", metav1.GetOptions{})
+	return getDSOf(t, c, "coredns")
+}
+
+func getDSOf(t *testing.T, c *fake.Clientset, name string) *appsv1.DaemonSet {
+	t.Helper()
+	d, err := c.AppsV1().DaemonSets("kube-system").Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,10 +232,15 @@ func getDS(t *testing.T, c *fake.Clientset) *appsv1.DaemonSet {
 // deletedPods lists, in order, the pods the run deleted, with the
 // updateStrategy the DaemonSet had then.
 func deletedPods(c *fake.Clientset) func() []string {
+	return deletedPodsOf(c, "coredns")
+}
+
+// deletedPodsOf is deletedPods of the DaemonSet name.
+func deletedPodsOf(c *fake.Clientset, name string) func() []string {
 	var mu sync.Mutex
 	var out []string
 	c.PrependReactor("delete", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		obj, _ := c.Tracker().Get(daemonSetsResource, "kube-system", "coredns")
+		obj, _ := c.Tracker().Get(daemonSetsResource, "kube-system", name)
 		mu.Lock()
 		defer mu.Unlock()
 		out = append(out, a.(k8stesting.DeleteAction).GetName()+" under "+updateStrategyString(obj.(*appsv1.DaemonSet).Spec.UpdateStrategy))
@@ -228,6 +258,7 @@ func deletedPods(c *fake.Clientset) func() []string {
 // network the canary is one pod deleted under OnDelete, and the batches
 // go down maxUnavailable at a time. Uninstall goes the same way back.
 func TestDaemonSetRollsACanaryThenBatchesAndPutsBackTheUpdateStrategy(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name          string
 		hostNetwork   bool
@@ -238,6 +269,7 @@ func TestDaemonSetRollsACanaryThenBatchesAndPutsBackTheUpdateStrategy(t *testing
 		{"host network", true, "", "RollingUpdate, maxSurge 0, maxUnavailable 2 minReadySeconds 1", "under OnDelete"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			stock := daemonSetOfNodes()
 			stock.Spec.Template.Spec.HostNetwork = tc.hostNetwork
@@ -309,6 +341,7 @@ func specJSONOf(v any) string {
 // updateStrategy put back, and no other node saw the new image; on the
 // pods' own network (a surge canary) and on the node's (OnDelete).
 func TestDaemonSetCanaryThatCrashLoopsIsUndone(t *testing.T) {
+	t.Parallel()
 	for _, hostNetwork := range []bool{false, true} {
 		ctx := context.Background()
 		stock := daemonSetOfNodes()
@@ -372,6 +405,7 @@ func TestDaemonSetOnTheNodesNetworkRollsWithoutSurge(t *testing.T) {
 // An operator's OnDelete is theirs: the run rolls with its canary and
 // batches, and OnDelete is back after, exactly.
 func TestDaemonSetKeepsTheOperatorsOnDelete(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	stock := daemonSetOfNodes()
 	stock.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
@@ -394,6 +428,7 @@ func TestDaemonSetKeepsTheOperatorsOnDelete(t *testing.T) {
 // names it, and the next install finishes the rollout and puts the
 // operator's updateStrategy and minReadySeconds back exactly.
 func TestDaemonSetRunCutOffDuringItsRolloutIsFinished(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	stock := daemonSetOfNodes()
 	stock.Spec.MinReadySeconds = 0

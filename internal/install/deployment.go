@@ -219,24 +219,24 @@ func (w *deploy) interruptedRollout() string {
 
 // planRollout decides how the pods roll: with the Deployment's own
 // strategy, or a temporary one that keeps the Ready pods at their count.
-func (w *deploy) planRollout(ctx context.Context, c kubernetes.Interface, r *run, want workload, settle time.Duration) (bool, []string) {
-	o := r.o
+func (w *deploy) planRollout(ctx context.Context, c kubernetes.Interface, pl *planner, want workload, settle time.Duration) (bool, []string) {
+	o := pl.o
 	tmp, avail := safeRollout(w.d)
-	r.res.Rollout = avail
+	pl.rep.Rollout = avail
 	var refuse []string
 	if tmp != nil && o.Wait <= 0 {
-		why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 %s does not wait, so it could not put back a temporary strategy", avail, r.res.Command)
+		why := fmt.Sprintf("the rollout could take the Ready pods below their count (%s), and with --timeout 0 %s does not wait, so it could not put back a temporary strategy", avail, pl.command)
 		if !o.Force {
 			refuse = append(refuse, why+": give a --timeout, or --force to roll with the Deployment's own strategy")
 		} else {
-			r.warn("--force: " + why)
+			pl.warn("--force: " + why)
 		}
 		tmp = nil
-		r.res.Rollout = "with the Deployment's own strategy (--force)"
+		pl.rep.Rollout = "with the Deployment's own strategy (--force)"
 	}
 	wd := want.(*deploy).d
 	setRolloutStrategy(wd, w.d, tmp, settle)
-	tmp, more := r.surgeOrRefuse(ctx, c, w.d, tmp, wd)
+	tmp, more := pl.surgeOrRefuse(ctx, c, w.d, tmp, wd)
 	return tmp != nil, append(refuse, more...)
 }
 
@@ -246,7 +246,7 @@ func (w *deploy) planRollout(ctx context.Context, c kubernetes.Interface, r *run
 // adds. With Force the pods roll with the operator's own strategy, one
 // down at a time. It returns the strategy the pods roll with, and why the
 // run must not start.
-func (r *run) surgeOrRefuse(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, want *appsv1.Deployment) (*appsv1.DeploymentStrategy, []string) {
+func (pl *planner) surgeOrRefuse(ctx context.Context, c kubernetes.Interface, d *appsv1.Deployment, tmp *appsv1.DeploymentStrategy, want *appsv1.Deployment) (*appsv1.DeploymentStrategy, []string) {
 	w := deploymentOf(d)
 	if tmp == nil || !onePerNode(w) {
 		return tmp, nil
@@ -261,12 +261,12 @@ func (r *run) surgeOrRefuse(ctx context.Context, c kubernetes.Interface, d *apps
 		what = fmt.Sprintf("whether a node is spare for the pod(s) it adds cannot be told (listing nodes: %v)", err)
 	}
 	why := fmt.Sprintf("the pods of deployment %s/%s need a node each (a required pod anti-affinity on %s), and %s: a rollout that adds a pod before it takes one away could not finish", d.Namespace, d.Name, corev1.LabelHostname, what)
-	if !r.o.Force {
+	if !pl.o.Force {
 		return tmp, []string{why + "; --force rolls with the Deployment's own strategy (" + strategyString(d.Spec.Strategy) + "), which takes a pod away before its replacement is Ready"}
 	}
-	r.warn("--force: " + why)
+	pl.warn("--force: " + why)
 	setRolloutStrategy(want, d, nil, 0)
-	r.res.Rollout = "with the Deployment's own strategy (--force): " + why
+	pl.rep.Rollout = "with the Deployment's own strategy (--force): " + why
 	return nil, nil
 }
 

@@ -1,6 +1,9 @@
 package install
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // maxEdits bounds the edit distance Diff searches, and with it the memory
 // it takes (about maxEdits² words): two Corefiles further apart than that
@@ -85,8 +88,10 @@ func (w *diffWriter) middle(x, y []string) {
 		return
 	}
 	script := backtrack(trace, len(x), len(y))
-	for i := len(script) - 1; i >= 0; i-- {
-		switch e := script[i]; e.op {
+	slices.Reverse(script)
+	joinAdded(script, y)
+	for _, e := range script {
+		switch e.op {
 		case ' ':
 			w.same(y[e.j])
 		case '+':
@@ -95,6 +100,51 @@ func (w *diffWriter) middle(x, y []string) {
 			w.dels = append(w.dels, x[e.i])
 		}
 	}
+}
+
+// joinAdded slides each stretch of added lines up past the same lines
+// before it, where those repeat its own last lines, when that joins it to
+// the change before: an added stretch that ends as the line before it
+// does ("}", the end of a block added before a block's end) then shows
+// whole, not split around that line. script is in order, first edit
+// first.
+func joinAdded(script []edit, y []string) {
+	for i := 1; i < len(script); i++ {
+		if script[i].op != '+' || script[i-1].op != ' ' {
+			continue
+		}
+		end := i
+		for end < len(script) && script[end].op == '+' {
+			end++
+		}
+		s := i
+		for s > 0 && script[s-1].op == ' ' {
+			s--
+		}
+		n := i - s
+		if s == 0 || !slidable(script, y, i, end, n) {
+			continue
+		}
+		same := slices.Clone(script[s:i])
+		first := script[s].j
+		for k := range end - i {
+			script[s+k] = edit{op: '+', j: first + k}
+		}
+		for k, e := range same {
+			script[s+end-i+k] = edit{op: ' ', i: e.i, j: first + end - i + k}
+		}
+	}
+}
+
+// slidable reports whether the n same lines before the added stretch
+// script[i:end] repeat its last n lines.
+func slidable(script []edit, y []string, i, end, n int) bool {
+	for k := 1; k <= n; k++ {
+		if y[script[i-k].j] != y[script[end-k].j] {
+			return false
+		}
+	}
+	return true
 }
 
 type edit struct {

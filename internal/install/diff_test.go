@@ -107,6 +107,19 @@ func TestDiff(t *testing.T) {
 	}
 }
 
+// A block added at the end of blocks that end as it does shows whole in
+// each, not split around the line they share.
+func TestDiffShowsAnAddedBlockWhole(t *testing.T) {
+	a := "a {\n    x\n}\nb {\n    y\n}\n"
+	b := "a {\n    x\n    k {\n    }\n}\nb {\n    y\n    k {\n    }\n}\n"
+	a, b = strings.ReplaceAll(a, "\n}", "\n    }"), strings.ReplaceAll(b, "\n}", "\n    }")
+	got := Diff(a, b)
+	want := "  a {\n      x\n+     k {\n+     }\n      }\n  b {\n      y\n+     k {\n+     }\n      }\n"
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
 // BenchmarkDiff is the diff of an install on a Corefile near the
 // ConfigMap size limit (1 MiB).
 func BenchmarkDiff(b *testing.B) {

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -24,7 +26,11 @@ type target struct {
 	// mounted (subPath).
 	conf, mountDir string
 	rec            *record // nil when k8s_event is not installed
-	// layout is the workload's layout, once the plan has told it.
+	// source is the operator's ConfigMap the Corefile comes from (that
+	// of current()), nil when it is gone.
+	source *corev1.ConfigMap
+	// layout is the workload's layout, on the plan's copy of the target
+	// once the plan has told it.
 	layout *layout
 }
 
@@ -217,16 +223,38 @@ func confPath(args []string) string {
 	return ""
 }
 
-// discover finds the workload that the options name and inspects it.
-func (r *run) discover(ctx context.Context, c kubernetes.Interface) (*target, error) {
-	d, err := findWorkload(ctx, c, r.o)
+// discover finds the workload that o names, inspects it, and reads the
+// operator's ConfigMap its Corefile comes from: the target is what
+// discovery found, the input of the plan, which does not read the
+// workload again.
+func discover(ctx context.Context, c kubernetes.Interface, o *Options) (*target, error) {
+	t, err := findTarget(ctx, c, o)
 	if err != nil {
 		return nil, err
 	}
-	t, err := inspect(d, r.o)
-	if err != nil {
-		return nil, err
+	ns, name := t.w.meta().Namespace, t.current().Volume.ConfigMap.Name
+	switch cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{}); {
+	case err == nil:
+		t.source = cm
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("the Corefile's ConfigMap: %w", err)
 	}
-	r.res.Deployment, r.res.Kind = nsName(d), d.kind()
 	return t, nil
+}
+
+// withLayout is a copy of t with the layout l: the plan's, which leaves
+// what discovery found as it found it.
+func (t *target) withLayout(l *layout) *target {
+	c := *t
+	c.layout = l
+	return &c
+}
+
+// findTarget finds the workload that o names and inspects it.
+func findTarget(ctx context.Context, c kubernetes.Interface, o *Options) (*target, error) {
+	d, err := findWorkload(ctx, c, o)
+	if err != nil {
+		return nil, err
+	}
+	return inspect(d, o)
 }

@@ -20,7 +20,10 @@ import (
 // Options.NoFleet. Wherever the Corefile the pods read has fleet, the
 // install grants the workload's ServiceAccount what the plugin reads N
 // with (deploy/k8s_event/fleet): a Role of its own, get on the workload by
-// name, and on ReplicaSets for a Deployment.
+// name, and on ReplicaSets for a Deployment. The plugin finds the workload
+// from its pod's controller, read with a list of pods: CoreDNS's own
+// rights (system:coredns) allow it, but node-local-dns's service account
+// has no rights at all, so for a DaemonSet the Role grants that list too.
 //
 // The values, for the whole fleet, per reason:
 //   - BURST 100, four replicas' default bursts (rate's 25): a shared
@@ -57,7 +60,7 @@ func fleetFor(kind string, replicas int) (line, why string) {
 	line = fmt.Sprintf("fleet %s %d", FleetQPS, FleetBurst)
 	switch {
 	case kind == kindDaemonSet:
-		return line, "a DaemonSet runs a replica on every node"
+		return line, fmt.Sprintf("a DaemonSet runs a replica on every node: %d now", replicas)
 	case replicas > FleetThreshold:
 		return line, fmt.Sprintf("%d replicas, more than %d", replicas, FleetThreshold)
 	}
@@ -96,41 +99,41 @@ func optionFleet(options []string) string {
 }
 
 // planFleet decides the fleet line for a workload of kind with replicas
-// whose Corefile cf has read.
-func (r *run) planFleet(kind string, replicas int, cf *corefileText) {
-	r.fleet = fleetPlan{}
-	if own := optionFleet(r.o.Options); own != "" {
-		r.fleet.on, r.res.Fleet = true, own+" (--option)"
+// (a DaemonSet's desiredNumberScheduled) whose Corefile cf has read.
+func (pl *planner) planFleet(kind string, replicas int, cf *corefileText) {
+	pl.fleet = fleetPlan{}
+	if own := optionFleet(pl.o.Options); own != "" {
+		pl.fleet.on, pl.rep.Fleet = true, own+" (--option)"
 		return
 	}
 	if own := corefileFleet(cf); own != "" {
-		r.fleet.on, r.res.Fleet = true, own+" (the Corefile's own line, kept)"
+		pl.fleet.on, pl.rep.Fleet = true, own+" (the Corefile's own line, kept)"
 		return
 	}
 	line, why := fleetFor(kind, replicas)
 	switch {
 	case line == "":
-		r.res.Fleet = why
-	case r.o.NoFleet:
-		r.res.Fleet = "left out (" + FleetFlag + "; " + why + ")"
+		pl.rep.Fleet = why
+	case pl.o.NoFleet:
+		pl.rep.Fleet = "left out (" + FleetFlag + "; " + why + ")"
 	default:
-		if _, err := cf.splices(append(slices.Clone(r.o.Options), line)); err != nil {
-			r.warn(fmt.Sprintf("fleet: not added (%s): %v", why, err))
-			r.res.Fleet = "not added: " + err.Error()
+		if _, err := cf.splices(append(slices.Clone(pl.o.Options), line)); err != nil {
+			pl.warn(fmt.Sprintf("fleet: not added (%s): %v", why, err))
+			pl.rep.Fleet = "not added: " + err.Error()
 			return
 		}
-		r.fleet = fleetPlan{add: line, on: true}
-		r.res.Fleet = line + " (" + why + ")"
+		pl.fleet = fleetPlan{add: line, on: true}
+		pl.rep.Fleet = line + " (" + why + ")"
 	}
 }
 
 // options are the k8s_event lines the install writes: the operator's,
 // and the fleet line it adds.
-func (r *run) options() []string {
-	if r.fleet.add == "" {
-		return r.o.Options
+func (pl *planner) options() []string {
+	if pl.fleet.add == "" {
+		return pl.o.Options
 	}
-	return append(slices.Clone(r.o.Options), r.fleet.add)
+	return append(slices.Clone(pl.o.Options), pl.fleet.add)
 }
 
 // fleetRBAC is the Role and RoleBinding that let sa read N for a workload
@@ -141,7 +144,10 @@ func fleetRBAC(ns, workload, kind, sa string) (*rbacv1.Role, *rbacv1.RoleBinding
 		Namespace: ns,
 		Labels:    map[string]string{DeploymentLabel: workload, managedByLabel: FieldManager},
 	}
-	rules := []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{workload}, Verbs: []string{"get"}}}
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{workload}, Verbs: []string{"get"}},
+	}
 	if kind != kindDaemonSet {
 		rules = []rbacv1.PolicyRule{
 			{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{workload}, Verbs: []string{"get"}},
@@ -173,14 +179,14 @@ func rulesString(rules []rbacv1.PolicyRule) string {
 // planFleetRBAC is the steps that grant the fleet's reads, when the
 // Corefile the pods read has fleet. Objects of those names without the
 // install's labels are the operator's: kept as they are.
-func (r *run) planFleetRBAC(ctx context.Context, c kubernetes.Interface, ns, workload, kind, sa string) ([]rbacStep, error) {
-	if !r.fleet.on {
+func (pl *planner) planFleetRBAC(ctx context.Context, c kubernetes.Interface, ns, workload, kind, sa string) ([]step, error) {
+	if !pl.fleet.on {
 		return nil, nil
 	}
 	role, binding := fleetRBAC(ns, workload, kind, sa)
 	roles, bindings := c.RbacV1().Roles(ns), c.RbacV1().RoleBindings(ns)
 	name := ns + "/" + role.Name
-	var steps []rbacStep
+	var steps []step
 	have, err := roles.Get(ctx, role.Name, metav1.GetOptions{})
 	roleIsNew := apierrors.IsNotFound(err)
 	switch {
@@ -195,7 +201,7 @@ func (r *run) planFleetRBAC(ctx context.Context, c kubernetes.Interface, ns, wor
 	case err != nil:
 		return nil, err
 	case !ours(have.ObjectMeta, workload):
-		steps = append(steps, rbacStep{change: Change{Action: "keep", Kind: "role", Name: name, Detail: "not this tool's: kept as it is (fleet reads " + rulesString(role.Rules) + ")"}, line: "keep role " + name})
+		steps = append(steps, step{change: Change{Action: "keep", Kind: "role", Name: name, Detail: "not this tool's: kept as it is (fleet reads " + rulesString(role.Rules) + ")"}, line: "keep role " + name})
 	case !equalJSON(have.Rules, role.Rules):
 		steps = append(steps, updateRoleRules(roles, have, role.Rules))
 	}
@@ -219,7 +225,7 @@ func (r *run) planFleetRBAC(ctx context.Context, c kubernetes.Interface, ns, wor
 	case err != nil:
 		return nil, err
 	case !ours(hb.ObjectMeta, workload):
-		steps = append(steps, rbacStep{change: Change{Action: "keep", Kind: "rolebinding", Name: name, Detail: "not this tool's: kept as it is"}, line: "keep rolebinding " + name})
+		steps = append(steps, step{change: Change{Action: "keep", Kind: "rolebinding", Name: name, Detail: "not this tool's: kept as it is"}, line: "keep rolebinding " + name})
 	case !bindsServiceAccount(hb, ns, sa):
 		steps = append(steps, updateBinding(bindings, hb, binding.Subjects[0], "role "+role.Name+" to serviceaccount "+ns+"/"+sa)...)
 	}
@@ -241,8 +247,8 @@ func fleetRights(rules []rbacv1.PolicyRule) []right {
 
 // createStep is the step that creates kind name, its dry run, and the
 // undo that deletes it.
-func createStep(kind, name, detail string, create func(context.Context, []string) error, undo func(context.Context) error, n need) rbacStep {
-	return rbacStep{
+func createStep(kind, name, detail string, create func(context.Context, []string) error, undo func(context.Context) error, n need) step {
+	return step{
 		change: Change{Action: "create", Kind: kind, Name: name, Detail: detail},
 		line:   "create " + kind + " " + name,
 		do:     func(ctx context.Context) error { return create(ctx, nil) },
@@ -255,7 +261,7 @@ func createStep(kind, name, detail string, create func(context.Context, []string
 // have.
 func updateRoleRules(roles interface {
 	Update(context.Context, *rbacv1.Role, metav1.UpdateOptions) (*rbacv1.Role, error)
-}, have *rbacv1.Role, rules []rbacv1.PolicyRule) rbacStep {
+}, have *rbacv1.Role, rules []rbacv1.PolicyRule) step {
 	name := have.Namespace + "/" + have.Name
 	want := have.DeepCopy()
 	want.Rules = rules
@@ -265,7 +271,7 @@ func updateRoleRules(roles interface {
 			return err
 		}
 	}
-	return rbacStep{
+	return step{
 		change: Change{Action: "update", Kind: "role", Name: name, Detail: "rules to " + rulesString(rules)},
 		line:   "update role " + name,
 		do:     update(nil), dry: update(dryAll),

@@ -1,9 +1,12 @@
 package install
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -33,11 +36,13 @@ func TestFleetForManyReplicas(t *testing.T) {
 	}
 }
 
-// The fleet's Role reads the DaemonSet by name, or the Deployment by name
-// and its ReplicaSets.
+// The fleet's Role reads the DaemonSet by name and lists the pods (the
+// plugin finds its DaemonSet as its pod's controller, and node-local-dns's
+// service account has no rights of its own), or reads the Deployment by
+// name and its ReplicaSets.
 func TestFleetRBACReadsTheWorkload(t *testing.T) {
 	role, binding := fleetRBAC("kube-system", "node-local-dns", kindDaemonSet, "node-local-dns")
-	if got := rulesString(role.Rules); got != "get daemonsets node-local-dns" {
+	if got := rulesString(role.Rules); got != "list pods; get daemonsets node-local-dns" {
 		t.Errorf("DaemonSet: %s", got)
 	}
 	if s := binding.Subjects[0]; s.Name != "node-local-dns" || binding.RoleRef.Name != "node-local-dns-k8s-event-fleet" {
@@ -128,5 +133,34 @@ func TestInstallKeepsTheOperatorsFleetLine(t *testing.T) {
 	}
 	if _, err := c.RbacV1().Roles("kube-system").Get(context.Background(), "coredns-k8s-event-fleet", metav1.GetOptions{}); err != nil {
 		t.Errorf("fleet role for --option's line: %v", err)
+	}
+}
+
+// For a DaemonSet, N is its desiredNumberScheduled: the plan says it, and
+// the fleet's Role lets the pods' ServiceAccount list its pods and get
+// that DaemonSet by name, which is how the plugin reads N.
+func TestFleetOfADaemonSetIsItsScheduledNodes(t *testing.T) {
+	c := newClient(daemonSetOfNodes(), configMap())
+	newDSController(c, 5, "")
+	var out bytes.Buffer
+	o := Options{Image: image, Kind: kindDaemonSet, Deployment: "coredns", Wait: time.Minute, DryRun: true, JSON: true, Out: &out}
+	if err := Install(context.Background(), c, o); err != nil {
+		t.Fatalf("dry run: %v\n%s", err, out.String())
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Fleet != "fleet 0.1 100 (a DaemonSet runs a replica on every node: 5 now)" {
+		t.Errorf("fleet: %q, want N of the 5 nodes scheduled", res.Fleet)
+	}
+	var role *Change
+	for i, ch := range res.Changes {
+		if ch.Kind == "role" && ch.Name == "kube-system/coredns-k8s-event-fleet" {
+			role = &res.Changes[i]
+		}
+	}
+	if role == nil || role.Action != "create" || role.Detail != "list pods; get daemonsets coredns" {
+		t.Errorf("the fleet's role: %+v, want list pods and get of daemonset coredns", role)
 	}
 }

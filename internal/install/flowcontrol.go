@@ -92,20 +92,20 @@ func checkFlowControlAPI(c kubernetes.Interface) error {
 // planFlowControl is the steps that make the level and then the
 // FlowSchema (a FlowSchema that names a missing level is dangling), or
 // none with NoFlowControl.
-func (r *run) planFlowControl(ctx context.Context, c kubernetes.Interface, ns, workload, sa string) ([]rbacStep, error) {
-	if r.o.NoFlowControl {
-		r.res.FlowControl = "left out (" + FlowControlFlag + ")"
+func (pl *planner) planFlowControl(ctx context.Context, c kubernetes.Interface, ns, workload, sa string) ([]step, error) {
+	if pl.o.NoFlowControl {
+		pl.rep.FlowControl = "left out (" + FlowControlFlag + ")"
 		return nil, nil
 	}
 	if err := checkFlowControlAPI(c); err != nil {
 		return nil, err
 	}
-	pl, fs, err := flowControlObjects(ns, workload, sa)
+	level, fs, err := flowControlObjects(ns, workload, sa)
 	if err != nil {
 		return nil, err
 	}
-	r.res.FlowControl = fmt.Sprintf("flowschema %s puts the event writes of serviceaccount %s/%s into priority level %s (%s)", fs.Name, ns, sa, pl.Name, levelString(pl))
-	steps, err := planLevel(ctx, c, pl)
+	pl.rep.FlowControl = fmt.Sprintf("flowschema %s puts the event writes of serviceaccount %s/%s into priority level %s (%s)", fs.Name, ns, sa, level.Name, levelString(level))
+	steps, err := planLevel(ctx, c, level)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +144,7 @@ func flowSchemaString(fs *flowcontrolv1.FlowSchema) string {
 
 // planLevel says what the level needs: created, updated to the tool's
 // settings, or kept (another's, or as it should be).
-func planLevel(ctx context.Context, c kubernetes.Interface, pl *flowcontrolv1.PriorityLevelConfiguration) ([]rbacStep, error) {
+func planLevel(ctx context.Context, c kubernetes.Interface, pl *flowcontrolv1.PriorityLevelConfiguration) ([]step, error) {
 	api := c.FlowcontrolV1().PriorityLevelConfigurations()
 	const kind, res = "prioritylevelconfiguration", "prioritylevelconfigurations"
 	have, err := api.Get(ctx, pl.Name, metav1.GetOptions{})
@@ -156,7 +156,7 @@ func planLevel(ctx context.Context, c kubernetes.Interface, pl *flowcontrolv1.Pr
 				return err
 			}
 		}
-		return []rbacStep{{
+		return []step{{
 			change: Change{Action: "create", Kind: kind, Name: pl.Name, Detail: levelString(pl)},
 			line:   "create " + kind + " " + pl.Name,
 			do:     create(nil), dry: create(dryAll),
@@ -166,12 +166,12 @@ func planLevel(ctx context.Context, c kubernetes.Interface, pl *flowcontrolv1.Pr
 	case err != nil:
 		return nil, fmt.Errorf("%s %s: %w", kind, pl.Name, err)
 	case !levelIsOurs(have.ObjectMeta):
-		return []rbacStep{{
+		return []step{{
 			change: Change{Action: "keep", Kind: kind, Name: pl.Name, Detail: fmt.Sprintf("not this tool's (no label %s=%s): kept as it is (%s)", managedByLabel, FieldManager, levelString(have))},
 			line:   "keep " + kind + " " + pl.Name,
 		}}, nil
 	case equality.Semantic.DeepEqual(have.Spec, pl.Spec):
-		return []rbacStep{{change: Change{Action: "keep", Kind: kind, Name: pl.Name, Detail: "there already"}, line: "keep " + kind + " " + pl.Name}}, nil
+		return []step{{change: Change{Action: "keep", Kind: kind, Name: pl.Name, Detail: "there already"}, line: "keep " + kind + " " + pl.Name}}, nil
 	}
 	want := have.DeepCopy()
 	want.Spec = pl.Spec
@@ -181,7 +181,7 @@ func planLevel(ctx context.Context, c kubernetes.Interface, pl *flowcontrolv1.Pr
 			return err
 		}
 	}
-	return []rbacStep{{
+	return []step{{
 		change: Change{Action: "update", Kind: kind, Name: pl.Name, Detail: "to " + levelString(pl) + " (was " + levelString(have) + ")"},
 		line:   "update " + kind + " " + pl.Name,
 		do:     update(nil), dry: update(dryAll),
@@ -190,7 +190,7 @@ func planLevel(ctx context.Context, c kubernetes.Interface, pl *flowcontrolv1.Pr
 }
 
 // planFlowSchema says what the FlowSchema needs, as planLevel does.
-func planFlowSchema(ctx context.Context, c kubernetes.Interface, fs *flowcontrolv1.FlowSchema, ns, workload string) ([]rbacStep, error) {
+func planFlowSchema(ctx context.Context, c kubernetes.Interface, fs *flowcontrolv1.FlowSchema, ns, workload string) ([]step, error) {
 	api := c.FlowcontrolV1().FlowSchemas()
 	const kind, res = "flowschema", "flowschemas"
 	have, err := api.Get(ctx, fs.Name, metav1.GetOptions{})
@@ -202,7 +202,7 @@ func planFlowSchema(ctx context.Context, c kubernetes.Interface, fs *flowcontrol
 				return err
 			}
 		}
-		return []rbacStep{{
+		return []step{{
 			change: Change{Action: "create", Kind: kind, Name: fs.Name, Detail: flowSchemaString(fs)},
 			line:   "create " + kind + " " + fs.Name,
 			do:     create(nil), dry: create(dryAll),
@@ -212,12 +212,12 @@ func planFlowSchema(ctx context.Context, c kubernetes.Interface, fs *flowcontrol
 	case err != nil:
 		return nil, fmt.Errorf("%s %s: %w", kind, fs.Name, err)
 	case !flowSchemaIsOurs(have.ObjectMeta, ns, workload):
-		return []rbacStep{{
+		return []step{{
 			change: Change{Action: "keep", Kind: kind, Name: fs.Name, Detail: fmt.Sprintf("not this tool's for %s/%s (labels %s, %s, %s): kept as it is (%s)", ns, workload, managedByLabel, DeploymentLabel, NamespaceLabel, flowSchemaString(have))},
 			line:   "keep " + kind + " " + fs.Name,
 		}}, nil
 	case equality.Semantic.DeepEqual(have.Spec, fs.Spec):
-		return []rbacStep{{change: Change{Action: "keep", Kind: kind, Name: fs.Name, Detail: "there already"}, line: "keep " + kind + " " + fs.Name}}, nil
+		return []step{{change: Change{Action: "keep", Kind: kind, Name: fs.Name, Detail: "there already"}, line: "keep " + kind + " " + fs.Name}}, nil
 	}
 	want := have.DeepCopy()
 	want.Spec = fs.Spec
@@ -227,7 +227,7 @@ func planFlowSchema(ctx context.Context, c kubernetes.Interface, fs *flowcontrol
 			return err
 		}
 	}
-	return []rbacStep{{
+	return []step{{
 		change: Change{Action: "update", Kind: kind, Name: fs.Name, Detail: "to " + flowSchemaString(fs) + " (was " + flowSchemaString(have) + ")"},
 		line:   "update " + kind + " " + fs.Name,
 		do:     update(nil), dry: update(dryAll),
@@ -401,12 +401,12 @@ func objectPresence(err error, ours func() bool, notOurs string) (string, error)
 
 // planExtras is steps followed by the priority level's and the fleet's
 // steps for workload of kind in ns, whose pods run as sa.
-func (r *run) planExtras(ctx context.Context, c kubernetes.Interface, steps []rbacStep, ns, workload, kind, sa string) ([]rbacStep, error) {
-	flow, err := r.planFlowControl(ctx, c, ns, workload, sa)
+func (pl *planner) planExtras(ctx context.Context, c kubernetes.Interface, steps []step, ns, workload, kind, sa string) ([]step, error) {
+	flow, err := pl.planFlowControl(ctx, c, ns, workload, sa)
 	if err != nil {
 		return nil, err
 	}
-	fleet, err := r.planFleetRBAC(ctx, c, ns, workload, kind, sa)
+	fleet, err := pl.planFleetRBAC(ctx, c, ns, workload, kind, sa)
 	if err != nil {
 		return nil, err
 	}

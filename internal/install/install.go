@@ -12,12 +12,18 @@
 // What runs CoreDNS, a Deployment or a DaemonSet, is a workload
 // (workload.go), of which deployment.go and daemonset.go are the kinds:
 // the rest of the package names neither API type. A run goes through
-// phases, one a file: discover.go finds the workload and inspects it
-// into a target; plan.go works out the ConfigMap, the
-// template, the rollout strategy and the RBAC, and refuses what must not
-// be done; apply.go makes the writes; rollout.go waits for the rollout and
-// puts back one that fails; report.go is what the run tells. run.go holds
-// the run itself, record.go what the install set and what it replaced.
+// phases, one a file, each returning what the next takes: discover.go
+// finds the workload and inspects it into a target, with the operator's
+// ConfigMap; plan.go's planner works from that target (decide, without
+// the API server but for a Deployment's nodes; then it reads the objects
+// it would write), writes nothing, and returns the plan (the ConfigMap,
+// the template, the rollout strategy, the RBAC, the priority level and
+// the fleet's reads as steps) with its report, or refuses what must not
+// be done; apply.go makes the plan's steps and returns what it went
+// through; rollout.go waits for the rollout and puts back one that fails;
+// report.go is what the run tells, from those values. run.go holds the
+// run itself, which sequences the phases, reports and undoes; record.go
+// what the install set and what it replaced.
 package install
 
 import (
@@ -129,8 +135,14 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 	var p *installPlan
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		r.restart()
-		var err error
-		if p, err = r.planInstall(ctx, c); err != nil {
+		t, err := discover(ctx, c, o)
+		if err != nil {
+			return err
+		}
+		pl := r.planner()
+		p, err = pl.planInstall(ctx, c, t)
+		r.report(pl.rep)
+		if err != nil {
 			return err
 		}
 		if !o.DryRun {
@@ -138,7 +150,10 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 				return err
 			}
 		}
-		if err := r.applyInstall(ctx, c, p); err != nil || !o.DryRun {
+		r.sayPlan(p)
+		a, err := apply(ctx, installSteps(c, p, o.DryRun), o.DryRun)
+		r.wrote(a)
+		if err != nil || !o.DryRun {
 			return err
 		}
 		return r.installRights(ctx, c, p)

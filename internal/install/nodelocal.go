@@ -98,27 +98,27 @@ func notNodeCache(image string) string {
 // the node-cache release that running is: a node-cache tag is its own
 // release, which decides its CoreDNS too; a build tagged from it
 // (1.26.4-k8s-event) keeps it.
-func (r *run) checkNodeCacheRelease(running string) {
+func (pl *planner) checkNodeCacheRelease(running string) {
 	have := imageref.ParseReference(running).Tag
-	want := imageref.ParseReference(r.o.Image).Tag
+	want := imageref.ParseReference(pl.o.Image).Tag
 	if have != "" && (want == have || strings.HasPrefix(want, have+"-")) {
 		return
 	}
-	r.warn(fmt.Sprintf("image %s may not be a build of the node-cache release the pods run (image %s): node-cache's release decides its CoreDNS too; a build tagged %s-k8s-event says it is one", r.o.Image, running, cmp.Or(have, "RELEASE")))
+	pl.warn(fmt.Sprintf("image %s may not be a build of the node-cache release the pods run (image %s): node-cache's release decides its CoreDNS too; a build tagged %s-k8s-event says it is one", pl.o.Image, running, cmp.Or(have, "RELEASE")))
 }
 
 // imageRefusal is why the layout must not run Options.Image (with Force,
 // a warning).
-func (r *run) imageRefusal(l *layout) error {
+func (pl *planner) imageRefusal(l *layout) error {
 	if l.image == nil {
 		return nil
 	}
-	why := l.image(r.o.Image)
+	why := l.image(pl.o.Image)
 	switch {
 	case why == "":
 		return nil
-	case r.o.Force:
-		r.warn("--force: " + why)
+	case pl.o.Force:
+		pl.warn("--force: " + why)
 		return nil
 	}
 	return &RefusedError{[]string{why}}

@@ -219,8 +219,8 @@ func TestNodeLocalDNSRefusesACoreDNSImage(t *testing.T) {
 		{"registry.example/k8s-dns-node-cache-k8s-event:1.26.4", false},
 		{"registry.example/dns-cache:1", false}, // not plainly CoreDNS
 	} {
-		r := newRun(&Options{Image: tc.image}, "install")
-		err := r.imageRefusal(l)
+		pl := &planner{o: &Options{Image: tc.image}}
+		err := pl.imageRefusal(l)
 		if tc.refused != (err != nil) {
 			t.Errorf("%s: %v, want refused %v", tc.image, err, tc.refused)
 			continue
@@ -231,12 +231,12 @@ func TestNodeLocalDNSRefusesACoreDNSImage(t *testing.T) {
 		if !IsRefused(err) || !strings.Contains(err.Error(), "interface and iptables rules") || !strings.Contains(err.Error(), "takes them down when it stops") {
 			t.Errorf("%s: %v, want a refusal that says why", tc.image, err)
 		}
-		forced := newRun(&Options{Image: tc.image, Force: true}, "install")
-		if err := forced.imageRefusal(l); err != nil || len(forced.res.Warnings) != 1 || !strings.HasPrefix(forced.res.Warnings[0], "--force: image ") {
-			t.Errorf("%s with --force: %v, warnings %q; want a warning", tc.image, err, forced.res.Warnings)
+		forced := &planner{o: &Options{Image: tc.image, Force: true}}
+		if err := forced.imageRefusal(l); err != nil || len(forced.rep.Warnings) != 1 || !strings.HasPrefix(forced.rep.Warnings[0], "--force: image ") {
+			t.Errorf("%s with --force: %v, warnings %q; want a warning", tc.image, err, forced.rep.Warnings)
 		}
 	}
-	if r := newRun(&Options{Image: "coredns/coredns:1.13.1"}, "install"); r.imageRefusal(layoutByName(t, "kubeadm, kind")) != nil {
+	if pl := (&planner{o: &Options{Image: "coredns/coredns:1.13.1"}}); pl.imageRefusal(layoutByName(t, "kubeadm, kind")) != nil {
 		t.Errorf("a CoreDNS image refused where CoreDNS runs")
 	}
 }
@@ -339,13 +339,13 @@ func TestNodeCacheReleaseIsChecked(t *testing.T) {
 		"registry.example/k8s-dns-node-cache:1.25.0-k8s-event":       true,
 		"registry.example/k8s-dns-node-cache:1.26.40":                true,
 	} {
-		r := newRun(&Options{Image: img}, "install")
-		refuse, err := r.checkRelease(&target{w: daemonSetOf(&appsv1.DaemonSet{})}, running)
-		if err != nil || len(refuse) > 0 || (len(r.res.Warnings) > 0) != warns {
-			t.Errorf("%s: %v, %q, warnings %q; want a warning %v", img, err, refuse, r.res.Warnings, warns)
+		pl := &planner{o: &Options{Image: img}}
+		refuse, err := pl.checkRelease(&target{w: daemonSetOf(&appsv1.DaemonSet{})}, running)
+		if err != nil || len(refuse) > 0 || (len(pl.rep.Warnings) > 0) != warns {
+			t.Errorf("%s: %v, %q, warnings %q; want a warning %v", img, err, refuse, pl.rep.Warnings, warns)
 		}
-		if r.res.CoreDNSBefore != "unknown" || r.res.CoreDNSAfter != "unknown" {
-			t.Errorf("%s: CoreDNS %s -> %s read from node-cache tags", img, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
+		if pl.rep.CoreDNSBefore != "unknown" || pl.rep.CoreDNSAfter != "unknown" {
+			t.Errorf("%s: CoreDNS %s -> %s read from node-cache tags", img, pl.rep.CoreDNSBefore, pl.rep.CoreDNSAfter)
 		}
 	}
 }

@@ -66,6 +66,38 @@ func contentHash(data map[string]string, binary map[string][]byte) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// planner works out a run's plan from what discovery finds: it reads the
+// cluster and writes nothing. What it decides, and what it warns of, is
+// the plan's report, which the run's report and -o json take whole.
+type planner struct {
+	o *Options
+	// command is install or uninstall, for messages.
+	command string
+	rep     planReport
+	// fleet is what the install does about the fleet option.
+	fleet fleetPlan
+}
+
+// planReport is what a plan says of itself: the fields of Result it
+// fills (see Result), and its warnings.
+type planReport struct {
+	Deployment, Kind, Layout    string
+	ImageBefore, ImageAfter     string
+	CoreDNSBefore, CoreDNSAfter string
+	Keys                        []string
+	Rollout, FlowControl, Fleet string
+	Warnings                    []string
+}
+
+func (pl *planner) warn(msg string) {
+	pl.rep.Warnings = append(pl.rep.Warnings, msg)
+}
+
+// found begins the plan's report with what discovery found.
+func (pl *planner) found(t *target) {
+	pl.rep.Deployment, pl.rep.Kind = nsName(t.w), t.w.kind()
+}
+
 // installPlan is what an install changes, worked out before anything is.
 type installPlan struct {
 	w        workload
@@ -73,7 +105,7 @@ type installPlan struct {
 	gen      *corev1.ConfigMap
 	genThere bool
 	ann      string
-	rbac     []rbacStep
+	rbac     []step
 	patch    *patch
 	strategy bool // temporary rollout settings; false: the operator's
 	// before is the workload as the operator has it (operatorView);
@@ -86,73 +118,87 @@ type installPlan struct {
 	// left the fields it set owned by the install: they are given up.
 	release bool
 	prunes  []string
+	// source is the operator's ConfigMap the Corefile comes from, and
+	// diff the Corefile's change, when gen is to be made.
+	source, diff string
 }
 
-// planInstall works out what the install changes, and refuses what it
-// must not do.
-func (r *run) planInstall(ctx context.Context, c kubernetes.Interface) (*installPlan, error) {
-	t, err := r.discover(ctx, c)
+// planInstall works out, from what discovery found, what the install
+// changes, and refuses what it must not do. It reads the objects it would
+// write, and writes nothing.
+func (pl *planner) planInstall(ctx context.Context, c kubernetes.Interface, t *target) (*installPlan, error) {
+	p, want, err := pl.decide(ctx, c, t)
 	if err != nil {
 		return nil, err
 	}
-	orig := t.current()
-	src, err := sourceConfigMap(ctx, c, t, orig)
-	if err != nil {
-		return nil, err
-	}
-	l, err := r.layout(t, src)
-	if err != nil {
-		return nil, err
-	}
-	refuse := r.ownerRefusals(t, l)
-	more, err := r.checkRelease(t, orig.Image)
-	if err != nil {
-		return nil, err
-	}
-	refuse = append(refuse, more...)
-	m := t.mountedFiles(orig.Volume, src.Data)
-	cf, err := parseCorefile(src.Data[t.key], m)
-	if err != nil {
-		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", src.Namespace, src.Name, t.key, err)
-	}
-	cf.everyBlock = l.everyBlock
-	if err := otherInstall(t, src, cf); err != nil {
-		return nil, err
-	}
-	r.planFleet(t.w.kind(), int(t.w.replicas()), cf)
-	refuse = append(refuse, r.extraKeyRefusals(src, orig)...)
-	p := &installPlan{w: t.w, t: t}
-	if p.gen, err = r.planConfigMap(t, orig, src, cf, m); err != nil {
-		return nil, err
-	}
-	want, err := r.planTemplate(p, orig, src)
-	if err != nil {
-		return nil, err
-	}
-	refuse = append(refuse, r.planStrategy(ctx, c, p, want)...)
-	if len(refuse) > 0 {
-		return nil, &RefusedError{refuse}
-	}
-	if err := r.planWrites(ctx, c, p, want); err != nil {
+	if err := pl.planWrites(ctx, c, p, want); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
+// decide works out what the pods will run, the ConfigMap they will read
+// and how they roll, from what discovery found alone: of the cluster it
+// reads only the nodes, for a Deployment whose pods need a node each
+// (surgeOrRefuse). It returns the workload as the install wants it.
+func (pl *planner) decide(ctx context.Context, c kubernetes.Interface, t *target) (*installPlan, workload, error) {
+	pl.found(t)
+	orig := t.current()
+	src, err := sourceConfigMap(t, orig)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := pl.layout(t, src)
+	if err != nil {
+		return nil, nil, err
+	}
+	t = t.withLayout(l)
+	refuse := pl.ownerRefusals(t, l)
+	more, err := pl.checkRelease(t, orig.Image)
+	if err != nil {
+		return nil, nil, err
+	}
+	refuse = append(refuse, more...)
+	m := t.mountedFiles(orig.Volume, src.Data)
+	cf, err := parseCorefile(src.Data[t.key], m)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", src.Namespace, src.Name, t.key, err)
+	}
+	cf.everyBlock = l.everyBlock
+	if err := otherInstall(t, src, cf); err != nil {
+		return nil, nil, err
+	}
+	pl.planFleet(t.w.kind(), int(t.w.replicas()), cf)
+	refuse = append(refuse, pl.extraKeyRefusals(src, orig)...)
+	p := &installPlan{w: t.w, t: t}
+	if p.gen, err = pl.planConfigMap(t, orig, src, cf, m); err != nil {
+		return nil, nil, err
+	}
+	want, err := pl.planTemplate(p, orig, src)
+	if err != nil {
+		return nil, nil, err
+	}
+	refuse = append(refuse, pl.planStrategy(ctx, c, p, want)...)
+	if len(refuse) > 0 {
+		return nil, nil, &RefusedError{refuse}
+	}
+	return p, want, nil
+}
+
 // ownerRefusals are why the install must leave the workload alone:
 // another owner keeps it (with Force, a warning), or it is paused.
-func (r *run) ownerRefusals(t *target, l *layout) []string {
+func (pl *planner) ownerRefusals(t *target, l *layout) []string {
 	d := t.w
 	var refuse []string
 	for _, why := range otherOwners(d, t, l) {
-		if r.o.Force {
-			r.warn("--force: " + why)
+		if pl.o.Force {
+			pl.warn("--force: " + why)
 		} else {
 			refuse = append(refuse, why)
 		}
 	}
 	if held := lastApplied(d, t); len(held) > 0 && applyingController(d.meta()) == "" {
-		r.warn(fmt.Sprintf("%s was applied with kubectl apply, and its last-applied configuration holds %s: applying that manifest again puts back what install sets; change it there too", ref(d), strings.Join(held, " and ")))
+		pl.warn(fmt.Sprintf("%s was applied with kubectl apply, and its last-applied configuration holds %s: applying that manifest again puts back what install sets; change it there too", ref(d), strings.Join(held, " and ")))
 	}
 	if d.paused() {
 		refuse = append(refuse, fmt.Sprintf("%s is paused: its pods would not roll to what install sets; kubectl -n %s rollout resume %s first", ref(d), d.meta().Namespace, kubectlRef(d)))
@@ -160,12 +206,13 @@ func (r *run) ownerRefusals(t *target, l *layout) []string {
 	return refuse
 }
 
-// sourceConfigMap is the operator's ConfigMap that the Corefile comes from.
-func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, orig original) (*corev1.ConfigMap, error) {
-	ns := t.w.meta().Namespace
-	src, err := c.CoreV1().ConfigMaps(ns).Get(ctx, orig.Volume.ConfigMap.Name, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("the Corefile's ConfigMap: %w", err)
+// sourceConfigMap is the operator's ConfigMap that the Corefile comes
+// from, as discovery found it.
+func sourceConfigMap(t *target, orig original) (*corev1.ConfigMap, error) {
+	ns, src := t.w.meta().Namespace, t.source
+	if src == nil {
+		gone := apierrors.NewNotFound(corev1.Resource("configmaps"), orig.Volume.ConfigMap.Name)
+		return nil, fmt.Errorf("the Corefile's ConfigMap: %w", gone)
 	}
 	if _, ok := src.Data[t.key]; !ok {
 		return nil, fmt.Errorf("ConfigMap %s/%s has no key %q, which the %s reads as its Corefile", ns, src.Name, t.key, t.w.kind())
@@ -175,25 +222,24 @@ func sourceConfigMap(ctx context.Context, c kubernetes.Interface, t *target, ori
 
 // layout tells the workload's layout, and refuses the layouts the tool
 // leaves alone.
-func (r *run) layout(t *target, src *corev1.ConfigMap) (*layout, error) {
+func (pl *planner) layout(t *target, src *corev1.ConfigMap) (*layout, error) {
 	l := layoutOf(subject{kind: t.w.kind(), meta: t.w.meta(), corefile: src.Data[t.key], configMap: src.Labels, program: programOf(&t.w.template().Spec)})
-	r.res.Layout = l.name
-	t.layout = l
+	pl.rep.Layout = l.name
 	if l.refused != "" {
 		return nil, &RefusedError{[]string{fmt.Sprintf("%s: %s", ref(t.w), l.refused)}}
 	}
-	if err := r.imageRefusal(l); err != nil {
+	if err := pl.imageRefusal(l); err != nil {
 		return nil, err
 	}
 	if l.warning != "" {
-		r.warn(l.warning)
+		pl.warn(l.warning)
 	}
 	return l, nil
 }
 
 // extraKeyRefusals are why a key of the operator's ConfigMap that another
 // controller keeps current must not be copied (with Force, a warning).
-func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
+func (pl *planner) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
 	var refuse []string
 	for _, key := range extraKeys() {
 		if _, ok := src.Data[key]; !ok || !mounts(orig.Volume, key) {
@@ -201,8 +247,8 @@ func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
 		}
 		who := extraKeyOwner(key)
 		why := fmt.Sprintf("ConfigMap %s/%s has the key %s, which %s rewrites as nodes come and go: the pods would read a copy made now, which goes stale (status tells when it has)", src.Namespace, src.Name, key, who)
-		if r.o.Force {
-			r.warn("--force: " + why)
+		if pl.o.Force {
+			pl.warn("--force: " + why)
 			continue
 		}
 		refuse = append(refuse, why+"; on "+who+", disable the packaged CoreDNS (--disable coredns) and run your own")
@@ -212,9 +258,9 @@ func (r *run) extraKeyRefusals(src *corev1.ConfigMap, orig original) []string {
 
 // planConfigMap is the ConfigMap the pods will read: the operator's, with
 // kubeapi and k8s_event in the Corefile, named by its content.
-func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap, cf *corefileText, m *mountedFiles) (*corev1.ConfigMap, error) {
+func (pl *planner) planConfigMap(t *target, orig original, src *corev1.ConfigMap, cf *corefileText, m *mountedFiles) (*corev1.ConfigMap, error) {
 	d, ns := t.w.meta(), t.w.meta().Namespace
-	out, err := cf.withPlugins(r.options(), m)
+	out, err := cf.withPlugins(pl.options(), m)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", ns, src.Name, t.key, err)
 	}
@@ -237,7 +283,7 @@ func (r *run) planConfigMap(t *target, orig original, src *corev1.ConfigMap, cf 
 			return nil, fmt.Errorf("the volume %s lists key %q, which ConfigMap %s/%s has in neither data nor binaryData: the pods could not mount it", orig.Volume.Name, it.Key, ns, src.Name)
 		}
 	}
-	r.res.Keys = describeKeys(t.key, orig.Volume, data, binary)
+	pl.rep.Keys = describeKeys(t.key, orig.Volume, data, binary)
 	return &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -306,8 +352,8 @@ func mounts(vol corev1.Volume, key string) bool {
 
 // planTemplate is the workload with the install's image, variables,
 // ConfigMap and record in its pod template.
-func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap) (workload, error) {
-	d, t, o := p.w, p.t, r.o
+func (pl *planner) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap) (workload, error) {
+	d, t, o := p.w, p.t, pl.o
 	rec := record{Image: o.Image, ConfigMap: p.gen.Name, Source: mountedHash(orig.Volume, src.Data, src.BinaryData), Original: orig}
 	ann, err := json.Marshal(rec)
 	if err != nil {
@@ -326,30 +372,30 @@ func (r *run) planTemplate(p *installPlan, orig original, src *corev1.ConfigMap)
 	vol := orig.Volume.DeepCopy()
 	vol.ConfigMap.Name = p.gen.Name
 	tmpl.Spec.Volumes[t.volume] = *vol
-	r.res.ImageBefore, r.res.ImageAfter = d.template().Spec.Containers[t.container].Image, o.Image
+	pl.rep.ImageBefore, pl.rep.ImageAfter = d.template().Spec.Containers[t.container].Image, o.Image
 	return want, nil
 }
 
 // planStrategy decides how the pods roll: with the workload's own
 // rollout settings, or temporary ones (planRollout). It returns why the
 // rollout must not start.
-func (r *run) planStrategy(ctx context.Context, c kubernetes.Interface, p *installPlan, want workload) []string {
-	d, o := p.w, r.o
+func (pl *planner) planStrategy(ctx context.Context, c kubernetes.Interface, p *installPlan, want workload) []string {
+	d, o := p.w, pl.o
 	p.before = d.operatorView()
 	if rec, _ := recordedStrategy(d.meta()); rec != nil && p.before != d && equalJSON(p.before.object(), operatorRecordDropped(d)) {
-		r.warn(fmt.Sprintf("%s: the strategy was set since a run that was cut off recorded it (annotation %s): the strategy set since is kept, and the record dropped", ref(d), StrategyAnnotation))
+		pl.warn(fmt.Sprintf("%s: the strategy was set since a run that was cut off recorded it (annotation %s): the strategy set since is kept, and the record dropped", ref(d), StrategyAnnotation))
 	}
 	if equality.Semantic.DeepEqual(*d.template(), *want.template()) {
-		r.res.Rollout = "none: the " + d.kind() + " has k8s_event already"
+		pl.rep.Rollout = "none: the " + d.kind() + " has k8s_event already"
 		p.release = fieldsHeld(d.meta())
 		if p.before != d {
 			p.finish, p.strategy = true, true
-			r.res.Rollout = "none to start: " + d.interruptedRollout()
+			pl.rep.Rollout = "none to start: " + d.interruptedRollout()
 		}
 		return nil
 	}
 	var refuse []string
-	p.strategy, refuse = p.before.planRollout(ctx, c, r, want, settleFor(p.before, o))
+	p.strategy, refuse = p.before.planRollout(ctx, c, pl, want, settleFor(p.before, o))
 	return refuse
 }
 
@@ -364,7 +410,7 @@ func operatorRecordDropped(d workload) runtime.Object {
 
 // planWrites works out the RBAC, the workload's patch, whether the
 // ConfigMap is there already, and which ConfigMaps go after the rollout.
-func (r *run) planWrites(ctx context.Context, c kubernetes.Interface, p *installPlan, want workload) error {
+func (pl *planner) planWrites(ctx context.Context, c kubernetes.Interface, p *installPlan, want workload) error {
 	d, gen := p.w, p.gen
 	ns := d.meta().Namespace
 	sa := d.template().Spec.ServiceAccountName
@@ -376,7 +422,7 @@ func (r *run) planWrites(ctx context.Context, c kubernetes.Interface, p *install
 	if p.rbac, err = planRBAC(ctx, c, role, binding, d.meta().Name); err != nil {
 		return err
 	}
-	if p.rbac, err = r.planExtras(ctx, c, p.rbac, ns, d.meta().Name, d.kind(), sa); err != nil {
+	if p.rbac, err = pl.planExtras(ctx, c, p.rbac, ns, d.meta().Name, d.kind(), sa); err != nil {
 		return err
 	}
 	if p.patch, err = workloadPatch(d, want); err != nil {
@@ -389,6 +435,9 @@ func (r *run) planWrites(ctx context.Context, c kubernetes.Interface, p *install
 		p.genThere = true
 	case !apierrors.IsNotFound(err):
 		return err
+	default:
+		p.source = p.t.source.Name
+		p.diff = Diff(p.t.source.Data[p.t.key], gen.Data[p.t.key])
 	}
 	p.prunes, err = unusedConfigMaps(ctx, c, d, gen.Name)
 	return err

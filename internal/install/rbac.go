@@ -70,21 +70,11 @@ func subjectsString(subjects []rbacv1.Subject) string {
 	return strings.Join(s, ", ")
 }
 
-// rbacStep is one write of the RBAC the install needs.
-type rbacStep struct {
-	change Change
-	line   string
-	do     func(ctx context.Context) error // nil: nothing to write
-	undo   func(ctx context.Context) error // what takes it back when the rollout fails
-	needs  []need                          // the rights do and undo need
-	dry    func(ctx context.Context) error // the server-side dry run of do; nil: none alone
-}
-
 // planRBAC says what the Role and RoleBinding need. Objects of those names
 // that do not carry the install's labels are the operator's: they are
 // never changed, only checked to grant what k8s_event needs, and refused
 // when they do not.
-func planRBAC(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, binding *rbacv1.RoleBinding, deployment string) ([]rbacStep, error) {
+func planRBAC(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, binding *rbacv1.RoleBinding, deployment string) ([]step, error) {
 	var refuse []string
 	steps, why, err := planRole(ctx, c, role, deployment)
 	if err != nil {
@@ -109,7 +99,7 @@ func rbacRight(verb, resource, name string) right {
 
 // planRole says what the Role needs: created, updated to the rules
 // k8s_event needs, or kept.
-func planRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, deployment string) ([]rbacStep, []string, error) {
+func planRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, deployment string) ([]step, []string, error) {
 	ns := role.Namespace
 	roles := c.RbacV1().Roles(ns)
 	name := ns + "/" + role.Name
@@ -123,7 +113,7 @@ func planRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, de
 			}
 		}
 		n := needs("create role "+name, rbacRight("create", "roles", ""), rbacRight("delete", "roles", role.Name))
-		return []rbacStep{{
+		return []step{{
 			change: Change{Action: "create", Kind: "role", Name: name, Detail: "create, patch events"},
 			line:   "create role " + name,
 			do:     create(nil), dry: create(dryAll), needs: []need{n},
@@ -135,12 +125,12 @@ func planRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, de
 		if !grantsEvents(have.Rules) {
 			return nil, []string{fmt.Sprintf("role %s is there and is not this tool's (it lacks the label %s=%s), and it does not grant create and patch on events: add that rule to it, or delete it and let install make its own", name, managedByLabel, FieldManager)}, nil
 		}
-		return []rbacStep{{
+		return []step{{
 			change: Change{Action: "keep", Kind: "role", Name: name, Detail: "not this tool's; it grants create, patch events: kept as it is"},
 			line:   "keep role " + name,
 		}}, nil, nil
 	case !grantsEvents(have.Rules):
-		return []rbacStep{updateRole(roles, have, role.Rules)}, nil, nil
+		return []step{updateRole(roles, have, role.Rules)}, nil, nil
 	}
 	return nil, nil, nil
 }
@@ -148,7 +138,7 @@ func planRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.Role, de
 // updateRole is the step that adds rules to the install's Role have,
 // keeping the rules others added to it, and whose undo gives it back
 // have's rules.
-func updateRole(roles rbacv1client.RoleInterface, have *rbacv1.Role, rules []rbacv1.PolicyRule) rbacStep {
+func updateRole(roles rbacv1client.RoleInterface, have *rbacv1.Role, rules []rbacv1.PolicyRule) step {
 	name := have.Namespace + "/" + have.Name
 	want := have.DeepCopy()
 	want.Rules = append(want.Rules, rules...)
@@ -170,7 +160,7 @@ func updateRole(roles rbacv1client.RoleInterface, have *rbacv1.Role, rules []rba
 		})
 	}
 	n := needs("update role "+name, rbacRight("get", "roles", have.Name), rbacRight("update", "roles", have.Name))
-	return rbacStep{
+	return step{
 		change: Change{Action: "update", Kind: "role", Name: name, Detail: "create, patch events added to its rules"},
 		line:   "update role " + name,
 		do:     update(nil), dry: update(dryAll), needs: []need{n}, undo: undo,
@@ -182,7 +172,7 @@ func updateRole(roles rbacv1client.RoleInterface, have *rbacv1.Role, rules []rba
 // others added stay, and the pods that run now keep their right to write
 // events throughout. Only one that refers to another role is replaced,
 // and then the new one is made before the old one goes.
-func planBinding(ctx context.Context, c kubernetes.Interface, binding *rbacv1.RoleBinding, deployment string, roleIsNew bool) ([]rbacStep, []string, error) {
+func planBinding(ctx context.Context, c kubernetes.Interface, binding *rbacv1.RoleBinding, deployment string, roleIsNew bool) ([]step, []string, error) {
 	ns := binding.Namespace
 	bindings := c.RbacV1().RoleBindings(ns)
 	name := ns + "/" + binding.Name
@@ -201,7 +191,7 @@ func planBinding(ctx context.Context, c kubernetes.Interface, binding *rbacv1.Ro
 		}
 		cn := needs("create rolebinding "+name, rbacRight("create", "rolebindings", ""), rbacRight("delete", "rolebindings", binding.Name))
 		n.why = "binding role " + binding.RoleRef.Name
-		s := rbacStep{
+		s := step{
 			change: Change{Action: "create", Kind: "rolebinding", Name: name, Detail: to},
 			line:   "create rolebinding " + name,
 			do:     create(nil), dry: create(dryAll), needs: []need{cn},
@@ -213,14 +203,14 @@ func planBinding(ctx context.Context, c kubernetes.Interface, binding *rbacv1.Ro
 			s.dry = nil
 			s.needs = append(s.needs, n)
 		}
-		return []rbacStep{s}, nil, nil
+		return []step{s}, nil, nil
 	case err != nil:
 		return nil, nil, err
 	case !ours(hb.ObjectMeta, deployment):
 		if hb.RoleRef.Kind != "Role" || hb.RoleRef.Name != binding.RoleRef.Name || !bindsServiceAccount(hb, ns, subject.Name) {
 			return nil, []string{fmt.Sprintf("rolebinding %s is there and is not this tool's (it lacks the label %s=%s), and it does not bind role %s to serviceaccount %s/%s (it binds %s %s to %s): add that subject to it, or delete it and let install make its own", name, managedByLabel, FieldManager, binding.RoleRef.Name, ns, subject.Name, strings.ToLower(hb.RoleRef.Kind), hb.RoleRef.Name, subjectsString(hb.Subjects))}, nil
 		}
-		return []rbacStep{{
+		return []step{{
 			change: Change{Action: "keep", Kind: "rolebinding", Name: name, Detail: fmt.Sprintf("not this tool's; it binds %s: kept as it is", to)},
 			line:   "keep rolebinding " + name,
 		}}, nil, nil
@@ -241,7 +231,7 @@ type bindingClient interface {
 // updateBinding adds the pods' ServiceAccount to the install's RoleBinding
 // in place, keeping the subjects it has: the pods that run now may run as
 // another. A failed rollout puts the subjects back.
-func updateBinding(bindings bindingClient, have *rbacv1.RoleBinding, subject rbacv1.Subject, to string) []rbacStep {
+func updateBinding(bindings bindingClient, have *rbacv1.RoleBinding, subject rbacv1.Subject, to string) []step {
 	name := have.Namespace + "/" + have.Name
 	want := have.DeepCopy()
 	want.Subjects = append(want.Subjects, subject)
@@ -253,7 +243,7 @@ func updateBinding(bindings bindingClient, have *rbacv1.RoleBinding, subject rba
 	}
 	n := needs("update rolebinding "+name, rbacRight("update", "rolebindings", have.Name))
 	old := have.DeepCopy()
-	return []rbacStep{{
+	return []step{{
 		change: Change{Action: "update", Kind: "rolebinding", Name: name, Detail: fmt.Sprintf("%s added, in place (it binds %s)", to, subjectsString(have.Subjects))},
 		line:   "update rolebinding " + name,
 		do:     update(want, nil), dry: update(want, dryAll), needs: []need{n},
@@ -269,7 +259,7 @@ func updateBinding(bindings bindingClient, have *rbacv1.RoleBinding, subject rba
 // another role (roleRef cannot change in place): the new one is made
 // under a second name before the old one goes, then under its own name,
 // and the second name goes last, so that a binding is there throughout.
-func replaceBinding(bindings bindingClient, have, binding *rbacv1.RoleBinding, to string) []rbacStep {
+func replaceBinding(bindings bindingClient, have, binding *rbacv1.RoleBinding, to string) []step {
 	ns := have.Namespace
 	name := ns + "/" + binding.Name
 	next := binding.DeepCopy()
@@ -294,7 +284,7 @@ func replaceBinding(bindings bindingClient, have, binding *rbacv1.RoleBinding, t
 	}
 	n := needs("replace rolebinding "+name, rbacRight("create", "rolebindings", ""), rbacRight("delete", "rolebindings", binding.Name), rbacRight("delete", "rolebindings", next.Name))
 	detail := fmt.Sprintf("%s (was %s %s to %s; roleRef cannot change in place: made anew, under %s first)", to, strings.ToLower(have.RoleRef.Kind), have.RoleRef.Name, subjectsString(have.Subjects), next.Name)
-	return []rbacStep{
+	return []step{
 		{change: Change{Action: "replace", Kind: "rolebinding", Name: name, Detail: detail}, line: "replace rolebinding " + name, needs: []need{n},
 			do: func(ctx context.Context) error {
 				for _, f := range []func(context.Context) error{create(next, nil), del(have.Name, &have.UID, nil), create(binding, nil), del(next.Name, nil, nil)} {

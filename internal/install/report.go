@@ -5,6 +5,18 @@ import (
 	"strings"
 )
 
+// sayPlan says, before its writes, what the install p plans: from the
+// plan's report.
+func (r *run) sayPlan(p *installPlan) {
+	if r.o.DryRun {
+		r.printf("# dry run: nothing is changed\n")
+	}
+	res := &r.res
+	r.printf("%s: image %s -> %s (CoreDNS %s -> %s)\n", ref(p.w), res.ImageBefore, res.ImageAfter, res.CoreDNSBefore, res.CoreDNSAfter)
+	r.printf("configmap keys the pods read:\n%s", indent(strings.Join(res.Keys, "\n")))
+	r.printf("rollout: %s\n%s", res.Rollout, r.extrasText())
+}
+
 // Result is what a run of install or uninstall did, or with DryRun would
 // do: with Options.JSON it is written to Out as one JSON document.
 type Result struct {

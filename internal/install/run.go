@@ -22,8 +22,25 @@ type run struct {
 	// done are the writes made, kept in the report when a conflict
 	// starts the run over.
 	done []Change
-	// fleet is what the install does about the fleet option.
-	fleet fleetPlan
+}
+
+// planner is a planner for an attempt of the run.
+func (r *run) planner() *planner {
+	return &planner{o: r.o, command: r.res.Command}
+}
+
+// report takes what a plan says of itself into the run's report, and
+// says its warnings.
+func (r *run) report(rep planReport) {
+	res := &r.res
+	res.Deployment, res.Kind, res.Layout = rep.Deployment, rep.Kind, rep.Layout
+	res.ImageBefore, res.ImageAfter = rep.ImageBefore, rep.ImageAfter
+	res.CoreDNSBefore, res.CoreDNSAfter = rep.CoreDNSBefore, rep.CoreDNSAfter
+	res.Keys, res.Rollout = rep.Keys, rep.Rollout
+	res.FlowControl, res.Fleet = rep.FlowControl, rep.Fleet
+	for _, w := range rep.Warnings {
+		r.warn(w)
+	}
 }
 
 // restart begins the report again for another attempt after a conflict:
@@ -112,8 +129,18 @@ func (r *run) takeBack(ctx context.Context) {
 	r.created = nil
 }
 
-// failed takes the last change out of the report: its write did not
-// happen.
-func (r *run) failed() {
-	r.res.Changes = r.res.Changes[:len(r.res.Changes)-1]
+// wrote takes what apply went through into the report: each step said,
+// and each write made kept for the report of a retry and to be taken
+// back.
+func (r *run) wrote(a applied) {
+	for i, s := range a.steps {
+		r.change(s.change, s.line)
+		if !a.written[i] {
+			continue
+		}
+		r.done = append(r.done, s.change)
+		if s.undo != nil {
+			r.created = append(r.created, undoStep{s.change, s.undo})
+		}
+	}
 }

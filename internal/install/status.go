@@ -90,14 +90,11 @@ func (s *StatusReport) forbidden(err error, what string) bool {
 // Status describes whether the Deployment that o names has k8s_event, and
 // what keeps it from working.
 func Status(ctx context.Context, c kubernetes.Interface, o Options) (*StatusReport, error) {
-	d, err := findWorkload(ctx, c, &o)
+	t, err := findTarget(ctx, c, &o)
 	if err != nil {
 		return nil, err
 	}
-	t, err := inspect(d, &o)
-	if err != nil {
-		return nil, err
-	}
+	d := t.w
 	s := newStatusReport(t)
 	if err := s.checkConfigMaps(ctx, c, t); err != nil {
 		return nil, err

@@ -25,10 +25,12 @@ func Uninstall(ctx context.Context, c kubernetes.Interface, o Options) error {
 
 // uninstallPlan is what an uninstall changes.
 type uninstallPlan struct {
-	t       *target
-	patch   *patch
-	tmp     bool // temporary rollout settings; false: the operator's
-	patched bool
+	t     *target
+	patch *patch
+	tmp   bool // temporary rollout settings; false: the operator's
+	// notInstalled is a workload without k8s_event of this tool.
+	notInstalled bool
+	patched      bool
 }
 
 func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
@@ -44,14 +46,29 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 	var p *uninstallPlan
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		r.restart()
-		var err error
-		if p, err = r.planUninstall(ctx, c); err != nil || p.patch == nil {
+		if o.DryRun {
+			r.printf("# dry run: nothing is changed\n")
+		}
+		t, err := discover(ctx, c, o)
+		if err != nil {
 			return err
 		}
-		if err := r.uninstallRights(ctx, c, p.t.w, p.patch); err != nil {
+		pl := r.planner()
+		p, err = pl.planUninstall(ctx, c, t)
+		r.report(pl.rep)
+		if err != nil {
 			return err
 		}
-		return r.applyUninstall(ctx, c, p)
+		if p.patch != nil {
+			if err := r.uninstallRights(ctx, c, p.t.w, p.patch); err != nil {
+				return err
+			}
+			r.sayUninstallPlan(p)
+		}
+		a, err := apply(ctx, uninstallSteps(c, p), o.DryRun)
+		r.wrote(a)
+		p.patched = a.wrote()
+		return err
 	})
 	if err != nil {
 		return err
@@ -88,34 +105,29 @@ func (r *run) finishCutOff(ctx context.Context, c kubernetes.Interface, d worklo
 
 // planUninstall works out the Deployment's patch that gives back what
 // the install replaced.
-func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*uninstallPlan, error) {
-	t, err := r.discover(ctx, c)
-	if err != nil {
-		return nil, err
-	}
+func (pl *planner) planUninstall(ctx context.Context, c kubernetes.Interface, t *target) (*uninstallPlan, error) {
+	pl.found(t)
 	p := &uninstallPlan{t: t}
 	d := t.w
-	if r.o.DryRun {
-		r.printf("# dry run: nothing is changed\n")
-	}
+	var err error
 	if t.rec == nil && d.operatorView() != d {
 		// An uninstall cut off during its rollout: the operator's
 		// strategy goes back.
-		r.res.Rollout = d.interruptedRollout()
+		pl.rep.Rollout = d.interruptedRollout()
 		p.patch, err = workloadPatch(d, d.operatorView())
 		return p, err
 	}
 	if t.rec == nil {
-		r.change(Change{Action: "keep", Kind: kindName(d), Name: nsName(d), Detail: "k8s_event was not installed by this tool"}, ref(d)+" does not have k8s_event")
+		p.notInstalled = true
 		return p, nil
 	}
-	if err := r.checkGiveBack(ctx, c, t); err != nil {
+	if err := pl.checkGiveBack(t); err != nil {
 		return nil, err
 	}
-	want := r.uninstallTemplate(t)
+	want := pl.uninstallTemplate(t)
 	base := d.operatorView()
 	var refuse []string
-	if p.tmp, refuse = base.planRollout(ctx, c, r, want, settleFor(base, r.o)); len(refuse) > 0 {
+	if p.tmp, refuse = base.planRollout(ctx, c, pl, want, settleFor(base, pl.o)); len(refuse) > 0 {
 		return nil, &RefusedError{refuse}
 	}
 	p.patch, err = workloadPatch(d, want)
@@ -125,19 +137,16 @@ func (r *run) planUninstall(ctx context.Context, c kubernetes.Interface) (*unins
 // checkGiveBack refuses, unless forced, to point the pods at a ConfigMap
 // that is gone, or that lacks a key the volume lists: new pods could not
 // start.
-func (r *run) checkGiveBack(ctx context.Context, c kubernetes.Interface, t *target) error {
+func (pl *planner) checkGiveBack(t *target) error {
 	vol := t.current().Volume
 	if vol.ConfigMap.Optional != nil && *vol.ConfigMap.Optional {
 		return nil
 	}
-	ns := t.w.meta().Namespace
-	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, vol.ConfigMap.Name, metav1.GetOptions{})
+	ns, cm := t.w.meta().Namespace, t.source
 	var why string
 	switch {
-	case apierrors.IsNotFound(err):
+	case cm == nil:
 		why = fmt.Sprintf("configmap %s/%s, the Corefile install started from and uninstall would give back, is gone: the pods would not start", ns, vol.ConfigMap.Name)
-	case err != nil:
-		return err
 	default:
 		var missing []string
 		for _, it := range vol.ConfigMap.Items {
@@ -154,8 +163,8 @@ func (r *run) checkGiveBack(ctx context.Context, c kubernetes.Interface, t *targ
 			return nil
 		}
 	}
-	if r.o.Force {
-		r.warn("--force: " + why)
+	if pl.o.Force {
+		pl.warn("--force: " + why)
 		return nil
 	}
 	return &RefusedError{[]string{why + "; put it back (status shows its name), or --force to uninstall all the same"}}
@@ -179,7 +188,7 @@ func pluginsLeft(t *target, vol corev1.Volume, cm *corev1.ConfigMap) string {
 
 // uninstallTemplate is the workload with what the install replaced
 // given back, and its record taken out.
-func (r *run) uninstallTemplate(t *target) workload {
+func (pl *planner) uninstallTemplate(t *target) workload {
 	orig := t.current()
 	want := t.w.copyOf()
 	tmpl := want.template()
@@ -188,28 +197,39 @@ func (r *run) uninstallTemplate(t *target) workload {
 		tmpl.Annotations = nil
 	}
 	ctr := &tmpl.Spec.Containers[t.container]
-	r.res.ImageBefore, r.res.ImageAfter = ctr.Image, orig.Image
-	r.res.CoreDNSBefore, r.res.CoreDNSAfter = release(ctr.Image), release(orig.Image)
+	pl.rep.ImageBefore, pl.rep.ImageAfter = ctr.Image, orig.Image
+	pl.rep.CoreDNSBefore, pl.rep.CoreDNSAfter = release(ctr.Image), release(orig.Image)
 	ctr.Image = orig.Image
 	ctr.Env = orig.Env
 	tmpl.Spec.Volumes[t.volume] = orig.Volume
 	return want
 }
 
-// applyUninstall patches the workload, or with DryRun says the patch.
-func (r *run) applyUninstall(ctx context.Context, c kubernetes.Interface, p *uninstallPlan) error {
+// sayUninstallPlan says, before its patch, what the uninstall p plans:
+// from the plan's report.
+func (r *run) sayUninstallPlan(p *uninstallPlan) {
+	res := &r.res
+	r.printf("%s: image %s -> %s (CoreDNS %s -> %s)\n", ref(p.t.w), res.ImageBefore, res.ImageAfter, res.CoreDNSBefore, res.CoreDNSAfter)
+	r.printf("rollout: %s\n", res.Rollout)
+}
+
+// uninstallSteps are the writes of the uninstall p plans: the workload's
+// patch, or a workload the tool did not install into kept.
+func uninstallSteps(c kubernetes.Interface, p *uninstallPlan) []step {
 	d := p.t.w
-	r.printf("%s: image %s -> %s (CoreDNS %s -> %s)\n", ref(d), r.res.ImageBefore, r.res.ImageAfter, r.res.CoreDNSBefore, r.res.CoreDNSAfter)
-	r.printf("rollout: %s\n", r.res.Rollout)
-	r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: string(p.patch.display)}, "patch "+ref(d))
-	if r.o.DryRun {
+	switch {
+	case p.notInstalled:
+		return []step{{change: Change{Action: "keep", Kind: kindName(d), Name: nsName(d), Detail: "k8s_event was not installed by this tool"}, line: ref(d) + " does not have k8s_event"}}
+	case p.patch == nil:
 		return nil
 	}
-	if err := d.patch(ctx, c, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-		return fmt.Errorf("patch %s: %w", ref(d), err)
-	}
-	p.patched = true
-	return nil
+	return []step{{
+		change: Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: string(p.patch.display)},
+		line:   "patch " + ref(d),
+		do: func(ctx context.Context) error {
+			return d.patch(ctx, c, types.StrategicMergePatchType, p.patch.body, metav1.PatchOptions{FieldManager: FieldManager})
+		},
+	}}
 }
 
 // sayUninstallAfterRollout lists, in a dry run, what the uninstall does

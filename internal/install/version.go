@@ -40,18 +40,18 @@ func buildHint(ref string) string {
 // checkRelease compares the CoreDNS release of the image the Deployment
 // runs with that of Options.Image: it returns why the install must not
 // change the release with it, unless forced.
-func (r *run) checkRelease(t *target, running string) ([]string, error) {
-	o, d := r.o, t.w
-	r.res.CoreDNSBefore = release(running)
+func (pl *planner) checkRelease(t *target, running string) ([]string, error) {
+	o, d := pl.o, t.w
+	pl.rep.CoreDNSBefore = release(running)
 	if o.Image == "" {
 		return nil, fmt.Errorf("%w: %s runs %s; name the image of k8s_event on that release (%s)", ErrNoImage, ref(d), releaseOf(running), buildHint(running))
 	}
-	r.res.CoreDNSAfter = release(o.Image)
+	pl.rep.CoreDNSAfter = release(o.Image)
 	if isNodeCacheImage(running) {
-		r.checkNodeCacheRelease(running)
+		pl.checkNodeCacheRelease(running)
 		return nil, nil
 	}
-	before, after := r.res.CoreDNSBefore, r.res.CoreDNSAfter
+	before, after := pl.rep.CoreDNSBefore, pl.rep.CoreDNSAfter
 	if before == after && before != "unknown" {
 		return nil, nil
 	}
@@ -59,6 +59,6 @@ func (r *run) checkRelease(t *target, running string) ([]string, error) {
 	if before != "unknown" && after != "unknown" && !o.Force {
 		return []string{why + "; name the image of k8s_event on the release it runs (" + buildHint(running) + "), or --force to change the release with it"}, nil
 	}
-	r.warn(why)
+	pl.warn(why)
 	return nil, nil
 }

@@ -74,7 +74,7 @@ type workload interface {
 	// operator's view: its own settings, or temporary ones recorded
 	// beside the operator's. It returns whether it set temporary ones,
 	// and why the run must not start.
-	planRollout(ctx context.Context, c kubernetes.Interface, r *run, want workload, settle time.Duration) (bool, []string)
+	planRollout(ctx context.Context, c kubernetes.Interface, pl *planner, want workload, settle time.Duration) (bool, []string)
 	// strategyPatch is the merge patch that puts back the rollout
 	// settings of the workload (an operator's view).
 	strategyPatch() []byte
