@@ -101,6 +101,11 @@ type cache struct {
 	most            groups // the plugins and levels
 	clock           uint64 // of the groups' seen
 	shaped          []byte // room for the shape of an event of its own line
+	// others is how many entries outside the cache share its size: the settling entries and the
+	// ends waiting (none when nil); giveWay frees one of them when the cache has nothing left to
+	// evict, false when it cannot.
+	others  func() int
+	giveWay func() bool
 }
 
 func newCache(size int, evicted func(*entry)) *cache {
@@ -115,8 +120,7 @@ func (c *cache) get(key eventKey) (*entry, bool) {
 
 // add caches e, making room for it first.
 func (c *cache) add(e *entry) {
-	for len(c.entries) >= c.size && c.evictOne() {
-	}
+	c.makeRoom()
 	c.entries[e.key] = e
 	if e.key.member != "" {
 		c.members++
@@ -227,10 +231,16 @@ func (c *cache) unlink(e *entry) {
 }
 
 // evictOne evicts the entry whose loss costs the least; false when none is left.
-func (c *cache) evictOne() bool {
+func (c *cache) evictOne() bool { return c.evict(true) }
+
+// evictWritten evicts a written event, else a storm waiting for its end: none with a line to
+// write; false when none is left.
+func (c *cache) evictWritten() bool { return c.evict(false) }
+
+func (c *cache) evict(pending bool) bool {
 	for {
 		front := cmp.Or(c.written.Front(), c.storms.Front())
-		if front == nil && len(c.most) > 0 {
+		if front == nil && pending && len(c.most) > 0 {
 			g := c.most.first()
 			for len(g.kids) > 0 {
 				g = g.kids.first()
@@ -258,8 +268,29 @@ func (c *cache) evictOne() bool {
 
 func (c *cache) resize(size int) {
 	c.size = size
-	for len(c.entries) > size && c.evictOne() {
+	for c.units() > size && c.free() {
 	}
+}
+
+// makeRoom frees a unit of the size for one more entry, cached or not, if none is free.
+func (c *cache) makeRoom() {
+	for c.units() >= c.size && c.free() {
+	}
+}
+
+// units is the cached entries and those outside the cache that share its size.
+func (c *cache) units() int {
+	n := len(c.entries)
+	if c.others != nil {
+		n += c.others()
+	}
+	return n
+}
+
+// free evicts an entry, or when none is cached, has one outside give way; false if none can.
+// An evicted entry that settles keeps its unit: the caller looks again.
+func (c *cache) free() bool {
+	return c.evictOne() || c.giveWay != nil && c.giveWay()
 }
 
 // values lists the cached entries, in no order.

@@ -243,14 +243,16 @@ func TestEndsHaveTheirOwnBucket(t *testing.T) {
 	}
 }
 
-// TestEndsWithinCacheSize: "At most CACHESIZE ends wait to be written": a
-// storm that ends beyond that starts afresh without one, and a reload that
-// shrinks the cache keeps the oldest CACHESIZE.
+// TestEndsWithinCacheSize: the ends waiting to be written share CACHESIZE
+// with the cached events and the settling ones: a reload that shrinks it
+// keeps the oldest ends that fit, and a new event takes the unit of an end
+// when no event is left to evict.
 func TestEndsWithinCacheSize(t *testing.T) {
 	const quiet = time.Minute
 	cfg := withQuiet(100, 100, quiet)
-	cfg.cacheSize = 4
+	cfg.cacheSize = 8 // four storms and their four ends
 	h, api, _ := newTestHarness(t, cfg)
+	forgottenBefore := testutil.ToFloat64(forgotten[levelWarning])
 	for i := range 4 { // four storms of their own, each one event of 12 lines
 		repeatLine(h, levelWarning, fmt.Sprintf("p%d", i), "upstream unhealthy", 12)
 	}
@@ -269,7 +271,7 @@ func TestEndsWithinCacheSize(t *testing.T) {
 	if n := len(h.s.ends.list); n != 1 || h.s.ends.list[0] != oldest {
 		t.Errorf("%d ends waiting after a reload to CACHESIZE 1, want the oldest one", n)
 	}
-	// One more storm ends while the one end waits: it gets none.
+	// One more storm: its event takes the unit of the end waiting, and its own end waits.
 	repeatLine(h, levelWarning, "p9", "upstream unhealthy", 12)
 	down = false
 	drain(h)
@@ -282,6 +284,10 @@ func TestEndsWithinCacheSize(t *testing.T) {
 	h.advance(2 * retryMax)
 	if n := len(endsIn(api)); n != 1 {
 		t.Errorf("%d ends written after the API came back, want the %d that may wait", n, small.cacheSize)
+	}
+	// Five ends were decided: one written, the four others counted as forgotten.
+	if got := testutil.ToFloat64(forgotten[levelWarning]) - forgottenBefore; got != 4 {
+		t.Errorf("%v ends counted as forgotten, want the 4 of 5 never written", got)
 	}
 }
 

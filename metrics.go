@@ -67,6 +67,10 @@ var (
 		"Counter of storms that went quiet and whose end the plugin said, by the reason of the "+
 			"end event (CoreDNSErrorEnded, CoreDNSWarningEnded).")
 
+	endsForgottenTotal = counterVec("ends_forgotten_total", []string{"reason"},
+		"Counter of storm ends decided and never written: forgotten to make room in CACHESIZE, "+
+			"which the cached events, the settling ones and the ends waiting share.")
+
 	requestsInFlight = promauto.NewGauge(prometheus.GaugeOpts(opts("requests_in_flight",
 		"Number of requests to the Kubernetes API sent and not yet answered or timed out.")))
 
@@ -112,6 +116,7 @@ var (
 	throttled    [numLevels]prometheus.Counter
 	droppedTotal [numDropReasons]prometheus.Counter
 	ended        [numLevels]prometheus.Counter // warning and error only
+	forgotten    [numLevels]prometheus.Counter // ends, warning and error only
 	throttledEnd [numLevels]prometheus.Counter // warning and error only
 )
 
@@ -123,6 +128,7 @@ func init() {
 	}
 	for _, l := range []level{levelWarning, levelError} {
 		ended[l] = endedTotal.WithLabelValues(endReason(l))
+		forgotten[l] = endsForgottenTotal.WithLabelValues(endReason(l))
 		throttledEnd[l] = throttledTotal.WithLabelValues(endReason(l))
 	}
 	for r := dropReason(0); r < numDropReasons; r++ {

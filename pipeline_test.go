@@ -135,7 +135,7 @@ func TestFlushWaitsForRefillsBeforeDeadline(t *testing.T) {
 // Two tokens are left at stop: the settling event and B, waiting since
 // before D, are written; D is dropped.
 func TestFlushTakesTokensInOrder(t *testing.T) {
-	h, api, clk := newTestHarness(t, testConfig(all, 1.0/3600, 3, 2))
+	h, api, clk := newTestHarness(t, testConfig(all, 1.0/3600, 3, 3))
 	before := readLedger()
 	api.setFault(firstFaults(1, fault{lost: true})) // A's create reaches the API and gets no answer
 	h.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
@@ -144,7 +144,8 @@ func TestFlushTakesTokensInOrder(t *testing.T) {
 	apiDown(api, &down)
 	h.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
 	h.observe(ln(levelError, "errors", "upstream B down", clk.Now()))
-	h.observe(ln(levelError, "errors", "upstream C down", clk.Now())) // evicts A, unsettled
+	h.s.corr.cache.evictOne() // A, unsettled: it keeps its unit of CACHESIZE
+	h.observe(ln(levelError, "errors", "upstream C down", clk.Now()))
 	drain(h)
 	if len(h.s.settling) != 1 {
 		t.Fatalf("%d settling, want A", len(h.s.settling))

@@ -64,7 +64,7 @@ type writeState struct {
 type scheduler struct {
 	set      config // rate and quiet; levels are the listener's
 	corr     *correlator
-	settling map[*entry]struct{} // evicted, and their latest write got no answer: at most cacheSize
+	settling map[*entry]struct{} // evicted, their latest write unanswered: within cacheSize
 	ends     ends
 	buckets  [numBuckets]*bucket
 	queues   [numBuckets]*tokenQueue // who takes each bucket's next token (queue.go)
@@ -112,6 +112,8 @@ func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 	}
 	s.fleet = newFleet(set.fleetQPS, set.fleetBurst, podName, now)
 	s.corr = newCorrelator(set.cacheSize, s.evicted)
+	s.corr.cache.others = func() int { return len(s.settling) + len(s.ends.list) }
+	s.corr.cache.giveWay = s.giveWay
 	s.corr.quiet = set.quiet
 	for b := range s.buckets {
 		s.buckets[b] = newBucket(set.qps, set.burst, now)
@@ -157,7 +159,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 		return cmp.Or(a.first.Compare(b.first), cmp.Compare(a.seq, b.seq))
 	}
 	for _, e := range slices.SortedFunc(maps.Keys(s.settling), oldest) {
-		if len(s.settling) <= set.cacheSize {
+		if s.corr.cache.units() <= set.cacheSize {
 			break
 		}
 		// one in flight may land with every line: retire decides once it is back
@@ -170,23 +172,53 @@ func (s *scheduler) apply(set config, now time.Time) {
 	s.trimEnds()
 }
 
+// giveWay frees a unit of CACHESIZE when the cache has no entry left to evict: the oldest settling
+// entry not in flight is given up, its lines dropped as evicted; else the oldest end waiting and
+// not in flight is forgotten (it carries no lines). False when all of them are in flight.
+func (s *scheduler) giveWay() bool {
+	var oldest *entry
+	for e := range s.settling {
+		if e.inflight == 0 && (oldest == nil ||
+			cmp.Or(e.first.Compare(oldest.first), cmp.Compare(e.seq, oldest.seq)) < 0) {
+			oldest = e
+		}
+	}
+	if oldest != nil {
+		delete(s.settling, oldest)
+		s.unqueue(oldest)
+		s.drop(oldest, dropEvicted)
+		return true
+	}
+	for _, e := range slices.Backward(s.ends.list) {
+		if e.inflight == 0 { // the newest: the oldest ends are kept, as trim keeps them
+			s.unqueue(e)
+			s.ends.remove(e)
+			forgotten[e.key.level].Inc()
+			return true
+		}
+	}
+	return false
+}
+
 // trimEnds forgets the ends waiting beyond the limit and not in flight.
 func (s *scheduler) trimEnds() {
 	limit := s.endLimit()
 	for _, e := range s.ends.list[min(limit, len(s.ends.list)):] {
 		if e.inflight == 0 {
 			s.unqueue(e)
+			forgotten[e.key.level].Inc()
 		}
 	}
 	s.ends.trim(limit)
 }
 
-// endLimit is how many ends may wait: none while quiet is off.
+// endLimit is how many ends may wait: none while quiet is off, else those waiting and as many
+// more as CACHESIZE has units free; the cached events, the settling ones and the ends share it.
 func (s *scheduler) endLimit() int {
 	if s.set.quiet <= 0 {
 		return 0
 	}
-	return s.set.cacheSize
+	return len(s.ends.list) + max(0, s.set.cacheSize-s.corr.cache.units())
 }
 
 // stop starts the flush: from now on no backoff is waited out, and nothing is sent after timeout.
@@ -460,7 +492,12 @@ func (s *scheduler) watch(e *entry) {
 		s.wait(e, s.now.Add(handOffWait)) // a line of before the quiet may be on its way
 	default:
 		n := len(s.ends.list)
-		s.ends.add(endOf(e, s.now), s.endLimit())
+		end := endOf(e, s.now)
+		if s.set.quiet > 0 {
+			s.corr.cache.place(e, false) // written now: no storm waiting, evicted before them
+			s.corr.cache.makeRoom()      // by eviction, as for a new event
+		}
+		s.ends.add(end, s.endLimit())
 		if len(s.ends.list) > n {
 			s.place(s.ends.list[n])
 		}
@@ -718,8 +755,14 @@ func (s *scheduler) retire(e *entry) {
 	if e.doubt > 0 && e.pending() > 0 {
 		// A reload that shrank the cache left an entry in flight settling
 		// beyond the new size: it goes once its write is back.
-		if _, ok := s.settling[e]; ok && len(s.settling) <= s.set.cacheSize ||
-			!ok && len(s.settling) < s.set.cacheSize {
+		// It takes a unit of the cache's size, freed if need be by a written event or a
+		// storm waiting for its end, never by a line to write.
+		_, ok := s.settling[e]
+		for !ok && s.corr.cache.units() >= s.set.cacheSize && s.corr.cache.evictWritten() {
+		}
+		units := s.corr.cache.units()
+		if ok && units <= s.set.cacheSize ||
+			!ok && units < s.set.cacheSize {
 			s.settling[e] = struct{}{}
 			s.settled = true
 			s.place(e)

@@ -583,18 +583,26 @@ func TestLoweredBurstHandBackWakes(t *testing.T) {
 // tokens before the events in the cache, oldest first; those in the cache
 // go in the order they began to wait.
 func TestSettlingGoFirst(t *testing.T) {
-	h, api, clk := newTestHarness(t, testConfig(all, 1.0/300, 2, 2))
+	h, api, clk := newTestHarness(t, testConfig(all, 1.0/300, 2, 4))
 	api.setFault(func(apiRequest) fault { return fault{lost: true} })
 	h.observe(ln(levelError, "errors", "a", clk.Now()))
 	clk.Step(time.Second)
 	h.observe(ln(levelError, "errors", "b", clk.Now()))
 	drain(h) // both creates unanswered: the bucket is empty
 	api.setFault(nil)
+	evictAll(h) // a and b, settling
 	for _, m := range []string{"c", "d", "c"} {
-		h.observe(ln(levelError, "errors", m, clk.Now())) // a and b are evicted, settling
+		h.observe(ln(levelError, "errors", m, clk.Now()))
 	}
 	if got := strings.Join(writeOrder(h, api, 4), " "); got != "a b c d" {
 		t.Errorf("order of tokens %q, want the settling a b, then c d", got)
+	}
+}
+
+// evictAll lets every cached event go, as a full cache does: those whose latest write got no
+// answer settle, each in a unit of CACHESIZE.
+func evictAll(h *harness) {
+	for h.s.corr.cache.evictOne() {
 	}
 }
 
@@ -619,13 +627,14 @@ func writeOrder(h *harness, api *fakeAPI, n int) []string {
 // answer is not dropped when evicted: one more write tells the API its
 // final count, so no line is both in the API and dropped.
 func TestEvictedUnansweredIsSettled(t *testing.T) {
-	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 1))
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 2))
 	before := readLedger()
 	api.setFault(firstOnly(fault{lost: true, apply: true}))
 	h.observe(ln(levelError, "errors", "unanswered", clk.Now()))
 	h.observe(ln(levelError, "errors", "unanswered", clk.Now()))
 	drain(h)
-	h.observe(ln(levelError, "errors", "evicts it", clk.Now()))
+	evictAll(h)
+	h.observe(ln(levelError, "errors", "comes after", clk.Now()))
 	if len(h.s.settling) != 1 {
 		t.Fatalf("%d entries settling, want 1", len(h.s.settling))
 	}
@@ -640,17 +649,18 @@ func TestEvictedUnansweredIsSettled(t *testing.T) {
 }
 
 // TestSettlingStaysWithinRoom: an evicted event whose write got no answer
-// again stays settling while the settling ones fit in the cache size, its
-// own place included.
+// again stays settling while the settling ones and the cached events fit in
+// the cache size, its own place included.
 func TestSettlingStaysWithinRoom(t *testing.T) {
-	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 2))
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 4))
 	api.setFault(func(apiRequest) fault { return fault{lost: true} })
 	for _, m := range []string{"a", "b"} {
 		h.observe(ln(levelError, "errors", m, clk.Now()))
 	}
-	drain(h) // both creates unanswered
+	drain(h)    // both creates unanswered
+	evictAll(h) // a and b, settling
 	h.observe(ln(levelError, "errors", "c", clk.Now()))
-	h.observe(ln(levelError, "errors", "d", clk.Now())) // a and b are evicted, settling
+	h.observe(ln(levelError, "errors", "d", clk.Now()))
 	if len(h.s.settling) != 2 {
 		t.Fatalf("%d settling, want 2", len(h.s.settling))
 	}
@@ -660,7 +670,7 @@ func TestSettlingStaysWithinRoom(t *testing.T) {
 		t.Errorf("%d settling after their writes went unanswered again, want 2", len(h.s.settling))
 	}
 	if d := readLedger().since(before); d.dropped[dropEvicted] != 0 {
-		t.Errorf("%v lines of settling events dropped, with 2 settling in a cache of 2", d.dropped[dropEvicted])
+		t.Errorf("%v lines of settling events dropped, with 4 units in a cache of 4", d.dropped[dropEvicted])
 	}
 }
 
@@ -674,9 +684,7 @@ func TestShrinkTrimsSettlingToTheNewSize(t *testing.T) {
 	}
 	drain(h) // three creates unanswered
 	api.setFault(nil)
-	for _, m := range []string{"d", "e", "f"} {
-		h.observe(ln(levelError, "errors", m, clk.Now())) // a, b and c are evicted, settling
-	}
+	evictAll(h) // a, b and c, settling
 	if len(h.s.settling) != 3 {
 		t.Fatalf("%d settling, want 3", len(h.s.settling))
 	}
@@ -690,7 +698,7 @@ func TestShrinkTrimsSettlingToTheNewSize(t *testing.T) {
 // drop the lines of a settling event whose write is in flight: the write
 // lands with them.
 func TestShrinkKeepsSettlingInFlight(t *testing.T) {
-	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 2))
+	h, api, clk := newTestHarness(t, testConfig(all, 100, 100, 4))
 	before := readLedger()
 	api.setFault(func(apiRequest) fault { return fault{lost: true} })
 	for _, m := range []string{"a", "b"} {
@@ -700,8 +708,9 @@ func TestShrinkKeepsSettlingInFlight(t *testing.T) {
 	}
 	drain(h) // both creates unanswered
 	api.setFault(nil)
+	evictAll(h) // a and b, settling
 	h.observe(ln(levelError, "errors", "c", clk.Now()))
-	h.observe(ln(levelError, "errors", "d", clk.Now())) // a and b are evicted, settling
+	h.observe(ln(levelError, "errors", "d", clk.Now()))
 	drain(h)
 	if len(h.s.settling) != 2 {
 		t.Fatalf("%d settling, want 2", len(h.s.settling))
