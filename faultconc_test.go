@@ -29,7 +29,7 @@ import (
 var concurrentSeeds = flag.Int("faultmodel.concurrent", seedsFromEnv("K8S_EVENT_CONCURRENT_SEEDS", 8), "number of seeds the concurrent fault model runs (default $K8S_EVENT_CONCURRENT_SEEDS or 8)")
 
 func TestFaultModelConcurrent(t *testing.T) {
-	stats := faultStats{injected: map[string]int{}}
+	stats := faultStats{injected: map[string]int{}, workload: map[string]int{}}
 	start := time.Now()
 	first, n := uint64(1), uint64(*concurrentSeeds)
 	if *faultSeed != 0 {
@@ -65,7 +65,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	m.readings = []time.Time{m.clk.Now()}
 
 	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
-	m.maxBurst, m.maxQPS, m.qps = cfg.burst, cfg.qps, cfg.qps
+	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
 	if m.rng.IntN(4) != 0 { // storms end, from the scheduler's timer
 		m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
 	}
@@ -79,11 +79,20 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 			m.api.addPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: testRef.Name, Namespace: testRef.Namespace, UID: testRef.UID}})
 		}
 	}
+	m.addWorkload()
+	m.configured(cfg)
+	m.qps, m.wait = m.rateOf(cfg), fleetWait(cfg)
 	m.p = newPipeline(cfg, m.api.client, pod, m.clk)
 	m.p.writeTimeout = 250 * time.Millisecond
 	m.p.sched.flushPause = time.Millisecond
 	m.p.sched.rand = rand.New(rand.NewPCG(seed, 1))
 	m.watch = watchPipelineOrder(m.p)
+	ordered := m.p.dispatch
+	m.p.dispatch = func(now time.Time) ([]request, time.Time) {
+		reqs, wake := ordered(now)
+		m.held.handed(reqs, now)
+		return reqs, wake
+	}
 	watched := m.p.outcome
 	m.p.outcome = func(res result, now time.Time) { m.held.told(res, now); watched(res, now) }
 	defer m.p.cancel()
@@ -124,7 +133,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 		}
 		m.noteRound(lines)
 		if reload != nil { // before or after the lines: the least rate counts for them
-			m.reloaded(reload.qps)
+			m.reloaded(*reload)
 		}
 		var wg sync.WaitGroup
 		wg.Go(func() {
@@ -165,7 +174,7 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	// event whose bucket has a token is written.
 	setMode(apiHealthy)
 	back := m.clk.Now()
-	for m.clk.Since(back) <= recoveryBound+2*time.Second {
+	for m.clk.Since(back) <= recoveryBound+m.herd()+2*time.Second {
 		if err := m.quietCheck(); err != nil {
 			return err
 		}
@@ -278,7 +287,7 @@ func (m *model) noteRound(lines []line) {
 				others[pluginLabel(o.plugin)] = true
 			}
 		}
-		m.firsts = append(m.firsts, &firstLine{plugin: p, reason: ln.level, at: m.clk.Now(), others: others, qps: m.qps,
+		m.firsts = append(m.firsts, &firstLine{plugin: p, reason: ln.level, at: m.clk.Now(), others: others, qps: m.qps, fleet: m.wait,
 			read: read, outage: m.mode != apiHealthy || m.clk.Since(m.back) < recoveryBound, dropped: dropped})
 		if waiting[ln.level] == nil {
 			waiting[ln.level] = map[string]bool{}
@@ -303,12 +312,12 @@ func (m *model) deadlineOnReadings(l *firstLine) (time.Time, bool) {
 		}
 		return t
 	}
-	t, refills, extra := l.at, 1+len(l.others), writeTimeout
+	t, refills, extra := l.at, 1+len(l.others), writeTimeout+l.fleet
 	if l.outage {
 		if m.back.After(t) {
 			t = m.back
 		}
-		t = reading(t.Add(recoveryBound + pushbackBound))
+		t = reading(t.Add(recoveryBound + pushbackBound + l.fleet))
 	} else if m.held.toldSince(l.at) {
 		t = reading(t.Add(pushbackBound))
 	}

@@ -1,6 +1,7 @@
 package k8s_event
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -52,10 +54,11 @@ type faultStats struct {
 	ends                                                  int // end events seen written
 	firsts, ordered                                       int // first lines checked written in their bound; requests checked in order
 	injected                                              map[string]int
+	workload                                              map[string]int // the faults the reads of the workload met, by kind ("none" too)
 }
 
 func TestFaultModel(t *testing.T) {
-	stats := faultStats{injected: map[string]int{}}
+	stats := faultStats{injected: map[string]int{}, workload: map[string]int{}}
 	start := time.Now()
 	first, n := uint64(1), uint64(*faultSeeds)
 	if *faultSeed != 0 {
@@ -78,6 +81,12 @@ func TestFaultModel(t *testing.T) {
 	t.Logf("%d seeds in %v: %d steps, %d lines, %d fatal lines, %d reloads, %d expiries, %d stops, %d storm ends; %d requests reached the API, %d refused before; %d handed out in order, %d first lines written within their bound, %d lines of hosts found promoted; faults:%s",
 		stats.seeds, time.Since(start).Round(time.Millisecond), stats.steps, stats.lines, stats.fatals, stats.reloads, stats.expiries, stats.stops,
 		stats.ends, stats.requests, stats.refused, stats.ordered, stats.firsts, hostsPromoted, b.String())
+	t.Logf("reads of the workload (fleet): %v", stats.workload)
+	if *faultSeed == 0 && stats.seeds >= 300 {
+		if err := workloadFaults(&stats); err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 // apiMode is how the API behaves during a step.
@@ -107,7 +116,7 @@ type model struct {
 	maxBurst  int
 	maxQPS    float64
 	lastFatal time.Duration
-	podReads  []apiRequest // the pod reads that reached the API, with the reason they were made for; under api.mu
+	podReads  []apiRequest // the reads of the pod and workload that reached the API, with the reason they were made for; under api.mu
 
 	quiet    time.Duration     // of every configuration of the run; 0: off
 	endNames map[string]string // the name of the end event of each end message seen
@@ -121,29 +130,37 @@ type model struct {
 	back     time.Time      // when the API last came back from an outage
 	qps      float64        // the rate in effect
 	held     *heldCheck     // the Retry-Afters the scheduler was told, shared with the faults' model
+	fleet    *modelFleet    // the workload and the fleet's shares (faultfleet_test.go)
+	wait     time.Duration  // what fleet adds to a line's wait, in the configuration in effect
 }
 
-// heldCheck holds the scheduler to the 429s it was told: no request of any kind leaves within
-// max(Retry-After, 1 s) of the answer reaching it.
+// heldCheck holds the scheduler to the 429s it was told: no request of any kind is handed out
+// within max(Retry-After, 1 s) of the answer reaching it. It orders decisions, not times: the
+// stepped model's clock does not move between a 429's answer and the next dispatch, so each
+// answer taken and each request handed out gets the next number of one sequence, and a request
+// numbered after a 429's answer and handed out before its hold ends fails the model. A request
+// handed out before the answer came may still leave after it, at the same instant.
 type heldCheck struct {
 	mu      sync.Mutex
-	from    time.Time
-	until   time.Time
+	seq     uint64      // of the latest answer taken or request handed out
+	fromSeq uint64      // of the 429 whose hold ends last; 0: none yet
+	from    time.Time   // when that 429 reached the scheduler
+	until   time.Time   // when its hold ends
 	told429 []time.Time // when each 429 reached the scheduler
-	checked int
 	err     error
 }
 
 // told takes an answer as the scheduler gets it, at now.
 func (c *heldCheck) told(res result, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
 	if statusCode(res.err) != http.StatusTooManyRequests {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.told429 = append(c.told429, now)
 	if until := now.Add(max(res.retryAfter, time.Second)); until.After(c.until) {
-		c.from, c.until = now, until
+		c.fromSeq, c.from, c.until = c.seq, now, until
 	}
 }
 
@@ -154,17 +171,29 @@ func (c *heldCheck) toldSince(from time.Time) bool {
 	return len(c.told429) > 0 && !c.told429[len(c.told429)-1].Before(from)
 }
 
-// leaves takes a request leaving the client at at.
+// handed takes requests as the scheduler hands them out, at now: by dispatch, or granted to a
+// fatal line.
+func (c *heldCheck) handed(reqs []request, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range reqs {
+		c.seq++
+		if c.fromSeq != 0 && c.seq > c.fromSeq && now.Before(c.until) && c.err == nil {
+			c.err = fmt.Errorf("a %s was handed out at %v, after a 429 told at %v, within its Retry-After until %v",
+				r.verb, now, c.from, c.until)
+		}
+	}
+}
+
+// leaves takes a request leaving the client at at: one that leaves after the instant of a 429,
+// within its hold, fails the model however it was handed out (the concurrent model's fatal
+// lines are granted in the listener's goroutine, outside the sequence).
 func (c *heldCheck) leaves(r apiRequest) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r.at.After(c.from) && r.at.Before(c.until) {
-		if c.err == nil {
-			c.err = fmt.Errorf("a %s of %s left at %v, within the Retry-After told at %v until %v", r.verb, r.resource, r.at, c.from, c.until)
-		}
-		return
+	if r.at.After(c.from) && r.at.Before(c.until) && c.err == nil {
+		c.err = fmt.Errorf("a %s of %s left at %v, within the Retry-After told at %v until %v", r.verb, r.resource, r.at, c.from, c.until)
 	}
-	c.checked++
 }
 
 func (c *heldCheck) failed() error {
@@ -180,6 +209,8 @@ var (
 		testConfig(all, 0.1, 2, 2),
 		testConfig(all, 1, 5, 16),
 		testConfig(all, 10, 1, 3),
+		withFleet(testConfig(all, 1, 5, 16), 3, 10),
+		withFleet(testConfig(all, 10, 4, 8), 0.5, 4),
 	}
 	modelPlugins = []string{"plugin/errors: ", "plugin/forward: ", "plugin/reload: "}
 	modelLevels  = []level{levelError, levelWarning, levelInfo}
@@ -194,7 +225,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.api.setFault(m.fault)
 
 	cfg := faultConfigs[m.rng.IntN(len(faultConfigs))]
-	m.maxBurst, m.maxQPS, m.qps = cfg.burst, cfg.qps, cfg.qps
+	m.maxBurst, m.maxQPS = cfg.burst, cfg.qps
 	if m.rng.IntN(4) != 0 { // storms end after a quiet of 30 s to 3 min
 		m.quiet = time.Duration(30+m.rng.IntN(151)) * time.Second
 	}
@@ -207,6 +238,9 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 			m.api.addPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: testRef.Name, Namespace: testRef.Namespace, UID: testRef.UID}})
 		}
 	}
+	m.addWorkload()
+	m.configured(cfg)
+	m.qps, m.wait = m.rateOf(cfg), fleetWait(cfg)
 	m.before = readLedger()
 	m.h = newHarnessOn(nil, cfg, m.api, m.clk, pod)
 	// A request that gets no answer takes its time-out on the fake clock;
@@ -220,6 +254,7 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 			m.order.resumed(f.e, res)
 		}
 	}
+	m.h.handed = m.held.handed
 	m.watchOrder()
 	m.hosts = newHosts(seed)
 	m.ends = newEndWatch()
@@ -263,7 +298,12 @@ func (m *model) fault(r apiRequest) fault {
 		// is checked: the fatal line and the stop.
 		f, kind = fault{lost: !m.realTime, hang: m.realTime, apply: m.rng.IntN(4) == 0}, "silent"
 	case apiFlaky:
-		switch k := m.rng.IntN(24); k {
+		k := m.rng.IntN(24)
+		if workloadRead(r) && k >= 15 {
+			// The reads of the workload are few: more of them meet an error status.
+			k = 7 + m.rng.IntN(8)
+		}
+		switch k {
 		case 0, 1:
 			f, kind = fault{unsent: true}, "refused"
 		case 2, 3:
@@ -299,14 +339,16 @@ func (m *model) fault(r apiRequest) fault {
 	if kind != "" {
 		m.stats.injected[kind]++
 	}
-	if r.resource == "pods" && !f.unsent && m.h != nil {
-		// A pod read is made for the create of one entry, and takes the
-		// token of that entry's bucket. The stepped model sends from the
-		// goroutine that owns the scheduler, so it may look.
-		for _, fl := range m.h.s.flights {
-			if fl.read {
-				r.reason = bucketName(fl.bucket)
-			}
+	if workloadRead(r) {
+		m.stats.workload[cmp.Or(kind, "none")]++
+	}
+	if r.resource != "events" && !f.unsent && m.h != nil {
+		// A read of the pod or of its workload is made for a write of one
+		// entry, and takes the token of that entry's bucket. The stepped
+		// model sends from the goroutine that owns the scheduler, so it may
+		// look.
+		if fl, ok := m.h.s.flights[m.h.sending.id]; ok && (fl.read || fl.fleet) {
+			r.reason = bucketName(fl.bucket)
 		}
 		m.podReads = append(m.podReads, r)
 	}
@@ -366,7 +408,7 @@ func (m *model) step() error {
 		cfg.quiet = m.quiet
 		m.maxBurst, m.maxQPS = max(m.maxBurst, cfg.burst), max(m.maxQPS, cfg.qps)
 		m.h.apply(cfg)
-		m.reloaded(cfg.qps)
+		m.reloaded(cfg)
 		m.stats.reloads++
 	case r < 5:
 		m.expired += m.api.expire()
@@ -559,11 +601,16 @@ func (m *model) checkBound() error {
 	for _, r := range m.podReads {
 		if r.reason == "" {
 			m.api.mu.Unlock()
-			return fmt.Errorf("a pod read at %v made for no event", r.at)
+			return fmt.Errorf("a %s of %s at %v made for no event", r.verb, r.resource, r.at)
 		}
 		byBucket[r.reason] = append(byBucket[r.reason], r.at)
 	}
 	m.api.mu.Unlock()
+	if m.h != nil {
+		if err := m.checkShare(m.h.reports); err != nil {
+			return err
+		}
+	}
 	for reason, at := range byBucket {
 		sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
 		for i := range at {
@@ -616,7 +663,7 @@ const recoveryBound = writeTimeout + retryMax + retryMax/5
 func (m *model) recover() error {
 	m.setMode(apiHealthy)
 	back := m.clk.Now()
-	m.h.advance(recoveryBound)
+	m.h.advance(recoveryBound + m.herd())
 	return m.recovered(back)
 }
 
@@ -630,14 +677,14 @@ func (m *model) recovered(back time.Time) (err error) {
 				continue
 			}
 			b := bucketOf(e)
-			if tokens := s.buckets[b].wait(now); tokens == 0 {
+			if tokens := s.buckets[b].wait(now) + s.fleet.wait(b, now); tokens == 0 {
 				err = fmt.Errorf("%v after the API came back, %q is pending with %d lines and a %s token; retry in %v, %d failures, pod read due %v",
 					m.clk.Since(back), e.key.message, e.pending(), bucketName(b), e.retryAt.Sub(now), e.failures, s.pod.nextTry.Sub(now))
 				return
 			}
 		}
 		for _, e := range s.ends.list {
-			if e.inflight == 0 && s.buckets[endBucket].wait(now) == 0 {
+			if e.inflight == 0 && s.buckets[endBucket].wait(now)+s.fleet.wait(endBucket, now) == 0 {
 				err = fmt.Errorf("%v after the API came back, the end %q waits with an end token; retry in %v, %d failures",
 					m.clk.Since(back), e.end.message, e.retryAt.Sub(now), e.failures)
 				return
@@ -671,7 +718,7 @@ func (m *model) stop() error {
 	}
 	for _, e := range pending {
 		b := bucketOf(e)
-		if e.dropped > 0 && m.h.s.buckets[b].wait(m.clk.Now()) == 0 {
+		if e.dropped > 0 && m.h.s.buckets[b].wait(m.clk.Now())+m.h.s.fleet.wait(b, m.clk.Now()) == 0 {
 			return fmt.Errorf("%q was dropped at a healthy stop with a %s token left; entry %+v", e.key.message, bucketName(b), *e)
 		}
 	}
@@ -688,7 +735,8 @@ type firstLine struct {
 	n       int64           // it is written by a write of e that carries n lines
 	at      time.Time       // logged
 	others  map[string]bool // other plugins of its reason with lines waiting before it is written
-	qps     float64         // the least rate in effect since
+	qps     float64         // the least rate in effect since, the fleet's share's included
+	fleet   time.Duration   // the most that fleet adds to its wait since: the herd's window and the reads of N
 	read    bool            // the pod's UID was still to read
 	outage  bool            // the API was down or failing since
 	landed  time.Time
@@ -749,11 +797,13 @@ func (m *model) setMode(mode apiMode) {
 	m.mode = mode
 }
 
-// reloaded takes a reload to rate qps.
-func (m *model) reloaded(qps float64) {
-	m.qps = qps
+// reloaded takes a reload to cfg.
+func (m *model) reloaded(cfg config) {
+	m.configured(cfg)
+	m.qps, m.wait = m.rateOf(cfg), fleetWait(cfg)
 	for _, l := range m.firsts {
-		l.qps = min(l.qps, qps)
+		l.qps = min(l.qps, m.qps)
+		l.fleet = max(l.fleet, m.wait)
 	}
 	if m.order != nil {
 		m.order.reloaded()
@@ -788,14 +838,20 @@ func (m *model) noteFirst() {
 		}
 	}
 	for _, l := range m.firsts {
-		if l.landed.IsZero() && l.e.key.level == e.key.level && l.e.key.plugin != e.key.plugin {
+		switch {
+		case !l.landed.IsZero() || l.e.key.level != e.key.level:
+		case l.e.key.plugin != e.key.plugin:
 			l.others[e.key.plugin] = true
+		case e != l.e && e.name == "" && l.e.name != "":
+			// Within a shape new events and updates take turns, new first (queue.go): one new
+			// event of the line's own plugin that came after it may go ahead of its update once.
+			l.others[e.key.plugin+" new"] = true
 		}
 	}
 	if busy {
 		return
 	}
-	m.firsts = append(m.firsts, &firstLine{e: e, n: e.seen, at: m.clk.Now(), others: waiting, qps: m.qps,
+	m.firsts = append(m.firsts, &firstLine{e: e, n: e.seen, at: m.clk.Now(), others: waiting, qps: m.qps, fleet: m.wait,
 		read: m.h.s.pod.lookup, outage: m.mode != apiHealthy || m.clk.Since(m.back) < recoveryBound})
 }
 
@@ -846,7 +902,7 @@ func (m *model) judgeFirsts(follow func(*firstLine) bool, deadlineOf func(*first
 // after an outage (or within recoveryBound of one), that plus
 // recoveryBound from the API's return. None while the API is still down.
 func (m *model) deadline(l *firstLine) (time.Time, bool) {
-	bound := time.Duration(float64(1+len(l.others))/l.qps*float64(time.Second)) + writeTimeout
+	bound := time.Duration(float64(1+len(l.others))/l.qps*float64(time.Second)) + writeTimeout + l.fleet
 	if l.read {
 		bound += writeTimeout
 	}
@@ -863,7 +919,7 @@ func (m *model) deadline(l *firstLine) (time.Time, bool) {
 	if m.back.After(from) {
 		from = m.back
 	}
-	return from.Add(bound + recoveryBound + pushbackBound), true
+	return from.Add(bound + recoveryBound + pushbackBound + l.fleet), true
 }
 
 // pushbackBound is what a 429 adds to a line's wait, before the API server's return or while
@@ -883,4 +939,35 @@ func (m *model) lateFirst(l *firstLine, deadline time.Time) error {
 	}
 	return fmt.Errorf("a line (%s) of a plugin with nothing pending in its reason, logged %v after the API was last back, written %s, bound %v (other plugins waiting: %d, rate %v, pod read: %v, after an outage: %v)",
 		what, l.at.Sub(m.back), written, deadline.Sub(l.at), len(l.others), l.qps, l.read, l.outage)
+}
+
+// TestHeldCheckCatchesARequestAtTheInstantOfA429: the models' check of the Retry-After holds
+// every request handed out once a 429 reached the scheduler. In the stepped model the clock does
+// not move between a 429's answer and the next dispatch: a request handed out then, at the same
+// instant, is within the Retry-After and must be caught; one handed out before the answer came,
+// at the same instant, is not.
+func TestHeldCheckCatchesARequestAtTheInstantOfA429(t *testing.T) {
+	tooMany := result{err: apierrors.NewTooManyRequests("slow down", 3), retryAfter: 3 * time.Second}
+	if statusCode(tooMany.err) != http.StatusTooManyRequests {
+		t.Fatalf("status %d", statusCode(tooMany.err))
+	}
+	create := []request{{verb: verbCreate}}
+
+	var after heldCheck
+	after.handed(create, epoch)
+	after.told(tooMany, epoch)
+	after.handed(create, epoch)
+	if after.failed() == nil {
+		t.Errorf("a create handed out at the instant a 429 with Retry-After 3 s reached the " +
+			"scheduler, after it, passed the check")
+	}
+
+	var before heldCheck
+	before.handed(append(create, create...), epoch)
+	before.told(tooMany, epoch)
+	before.told(result{}, epoch.Add(time.Second))
+	before.handed(create, epoch.Add(3*time.Second))
+	if err := before.failed(); err != nil {
+		t.Errorf("requests handed out before the 429, and one once its hold ended: %v", err)
+	}
 }

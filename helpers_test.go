@@ -76,6 +76,8 @@ type harness struct {
 	dispatch     func(now time.Time) ([]request, time.Time) // the scheduler's dispatch, or a model's around it
 	sent         func(r request, res result)                // shown each answer as the API gives it, before the scheduler has it
 	got          func(res result, now time.Time)            // shown each answer as the scheduler gets it
+	handed       func(reqs []request, now time.Time)        // shown the requests the scheduler hands out
+	sending      request                                    // the request being sent
 	later        []delayed                                  // results still to come, by time
 	reports      []error                                    // what the scheduler said of failed writes
 	failed       []error                                    // what a model found wrong while it ran
@@ -158,6 +160,9 @@ func (h *harness) run() time.Time {
 		if len(reqs) == 0 {
 			return wake
 		}
+		if h.handed != nil {
+			h.handed(reqs, now)
+		}
 		for _, r := range reqs {
 			h.send(r)
 		}
@@ -168,7 +173,9 @@ func (h *harness) run() time.Time {
 // time-out ends.
 func (h *harness) send(r request) {
 	ctx, cancel := context.WithTimeout(context.Background(), h.writeTimeout)
+	h.sending = r
 	res := do(ctx, h.client, r)
+	h.sending = request{}
 	cancel()
 	if h.sent != nil {
 		h.sent(r, res)
@@ -254,6 +261,9 @@ func (h *harness) fatal(ln line) {
 	if !ok {
 		t.drop(dropThrottled)
 		return
+	}
+	if h.handed != nil {
+		h.handed([]request{req}, h.clk.Now())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), fatalTimeout)
 	res := do(ctx, h.client, req)
