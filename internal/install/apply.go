@@ -118,6 +118,7 @@ func patchSteps(c kubernetes.Interface, p *installPlan, dry bool) []step {
 		return steps
 	}
 	if p.strategy {
+		steps = append(steps, dryStageSteps(p.before)...)
 		steps = append(steps, step{change: Change{Action: "patch", Kind: kind, Name: name, When: "after the rollout", Detail: "strategy back to " + p.before.rolloutString()}, line: "after the rollout, patch " + ref(w)})
 	}
 	for _, cm := range p.prunes {

@@ -268,6 +268,44 @@ func (w *daemon) rollStages(ctx context.Context, c kubernetes.Interface, r *run,
 	return r.watchBatches(ctx, c, w, t)
 }
 
+// surgeCanaryStrategy starts one node's new pod beside its old one.
+func surgeCanaryStrategy() appsv1.DaemonSetUpdateStrategy {
+	return appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType, RollingUpdate: &appsv1.RollingUpdateDaemonSet{
+		MaxUnavailable: ptrTo(intstr.FromInt32(0)), MaxSurge: ptrTo(intstr.FromInt32(1)),
+	}}
+}
+
+// stageSteps are, for a dry run, the writes rollStages makes during the
+// rollout: the canary's (a strategy patch, or the delete of one pod,
+// which the run picks then), then the batches' strategy patch.
+func (w *daemon) stageSteps() []step {
+	kind, name := kindName(w), nsName(w)
+	const when = "during the rollout"
+	canary := step{
+		change: Change{Action: "patch", Kind: kind, Name: name, When: when, Detail: "updateStrategy for the canary: " + updateStrategyString(surgeCanaryStrategy())},
+		line:   when + ", patch " + ref(w) + " for the canary",
+	}
+	if !surgeAllowed(&w.d.Spec.Template.Spec) {
+		pod := w.d.Namespace + "/(one pod of " + ref(w) + ")"
+		canary = step{
+			change: Change{Action: "delete", Kind: "pod", Name: pod, When: when, Detail: "the canary, picked during the rollout (a Ready one first): its replacement runs the new template first"},
+			line:   when + ", delete one pod of " + ref(w) + " (the canary)",
+		}
+	}
+	return []step{canary, {
+		change: Change{Action: "patch", Kind: kind, Name: name, When: when, Detail: "updateStrategy for the batches: " + updateStrategyString(w.batchStrategy())},
+		line:   when + ", patch " + ref(w) + " for the batches",
+	}}
+}
+
+// dryStageSteps are the writes w's rollStages makes, for a dry run.
+func dryStageSteps(w workload) []step {
+	if ds, ok := w.(*daemon); ok {
+		return ds.stageSteps()
+	}
+	return nil
+}
+
 // surgeCanary is the canary where a new pod can run beside the old one:
 // RollingUpdate with maxSurge 1 and maxUnavailable 0 starts the new pod
 // on one node beside its old one, which goes only once the new one has
@@ -282,10 +320,7 @@ func (r *run) surgeCanary(ctx context.Context, c kubernetes.Interface, op, live 
 	if !slices.ContainsFunc(old, func(p corev1.Pod) bool { return !runsTemplate(&p, live.template(), t) }) {
 		return nil
 	}
-	one := appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType, RollingUpdate: &appsv1.RollingUpdateDaemonSet{
-		MaxUnavailable: ptrTo(intstr.FromInt32(0)), MaxSurge: ptrTo(intstr.FromInt32(1)),
-	}}
-	if err := op.setTemporary(ctx, c, r, live, one, "the canary"); err != nil {
+	if err := op.setTemporary(ctx, c, r, live, surgeCanaryStrategy(), "the canary"); err != nil {
 		return err
 	}
 	var node string

@@ -319,8 +319,14 @@ type changedError struct{ err error }
 func (e *changedError) Error() string { return e.err.Error() }
 
 // rollAndSettle runs the workload's stages, waits for its rollout,
-// checks that it is the run's, and waits for its pods to settle.
+// checks that it is the run's, and waits for its pods to settle, all
+// within --timeout and one settle time.
 func (r *run) rollAndSettle(ctx context.Context, c kubernetes.Interface, before workload, tmp bool, t *target, verify func(workload) error) error {
+	// One deadline bounds the canary, the batches, the rollout and the
+	// settle alike: --timeout, and the settle time the last pods must
+	// then stay Ready for.
+	ctx, cancel := context.WithTimeout(ctx, r.o.Wait+settleFor(before, r.o))
+	defer cancel()
 	if tmp {
 		if err := before.rollStages(ctx, c, r, t, settleFor(before, r.o)); err != nil {
 			return err

@@ -95,6 +95,9 @@ func settlePods(ctx context.Context, c kubernetes.Interface, w workload, t *targ
 		return time.Since(since) >= settleTime, nil
 	})
 	if err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return "", fmt.Errorf("the pods of the new template were not all Ready for %v without a restart within --timeout and the settle time", settleTime)
+		}
 		if wait.Interrupted(err) {
 			return "", fmt.Errorf("the pods of the new template were not all Ready for %v without a restart", settleTime)
 		}

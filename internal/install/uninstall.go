@@ -31,6 +31,8 @@ type uninstallPlan struct {
 	// notInstalled is a workload without k8s_event of this tool.
 	notInstalled bool
 	patched      bool
+	// want is the workload with what the install replaced given back.
+	want workload
 }
 
 func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
@@ -125,6 +127,7 @@ func (pl *planner) planUninstall(ctx context.Context, c kubernetes.Interface, t 
 		return nil, err
 	}
 	want := pl.uninstallTemplate(t)
+	p.want = want
 	base := d.operatorView()
 	var refuse []string
 	if p.tmp, refuse = base.planRollout(ctx, c, pl, want, settleFor(base, pl.o)); len(refuse) > 0 {
@@ -242,13 +245,22 @@ func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interfa
 		when = "after the rollout"
 	}
 	if p.tmp && p.t.rec != nil {
+		for _, s := range dryStageSteps(d.operatorView()) {
+			r.change(s.change, s.line)
+		}
 		r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), When: when, Detail: "strategy back to " + d.operatorView().rolloutString()},
 			fmt.Sprintf("%s, patch %s", when, ref(d)))
 	}
 	if p.patch == nil && fieldsHeld(d.meta()) {
 		r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, "patch "+ref(d)+", giving up the install's field ownership")
 	}
-	unused, err := unusedConfigMaps(ctx, c, d, "")
+	// The ConfigMaps no revision reads once the template given back
+	// rolls out: the planned template, not the one that reads the copy.
+	planned := d
+	if p.want != nil {
+		planned = p.want
+	}
+	unused, err := unusedConfigMaps(ctx, c, planned, "")
 	if err != nil {
 		return err
 	}
