@@ -253,8 +253,8 @@ func endReason(l level) string { return l.reason() + "Ended" }
 // a combined event's lines, with its heavy hitters in top, or an event's own line) and its first
 // and last time (UTC; with the date when the two are not on the same day), e.g. (one line):
 //
-//	plugin/errors: 195 lines like "<n> <name>. <type>: ...: i/o timeout" (most: a.example.org ≥40)
-//	from 10:02:13 to 10:07:40, none since
+//	plugin/errors: 195 lines like "<n> <name>. <type>: ...: i/o timeout"
+//	(most: a.example.org ≥40) from 10:02:13 to 10:07:40, none since
 //
 // The end of the other shapes' lines (shapes > 0) gives their number of shapes instead:
 // "plugin/errors: 40 lines of 12 other shapes from ...". prefix is the plugin's "plugin/NAME: ";
