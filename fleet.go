@@ -126,6 +126,13 @@ func (f *fleet) readDue(now time.Time, stopping bool) (wait time.Duration, read,
 	return 0, true, false
 }
 
+// readFor is readDue for a write of bucket b: a stale N is read again only for a write its share
+// lets go, so that a replica on its floor reads N once per write, not every fleetStale.
+func (f *fleet) readFor(b level, now time.Time, stopping bool) (time.Duration, bool, bool) {
+	wait, read, mustWait := f.readDue(now, stopping)
+	return wait, read && (f.n == 0 || f.wait(b, now) == 0), mustWait
+}
+
 func (f *fleet) read(reqID uint64, namespace string, now time.Time) request {
 	f.reading = reqID
 	f.reads.take(reqID, now)

@@ -313,15 +313,13 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		}
 		fleetRead, write := false, !read
 		if write {
-			w, due, must := s.fleet.readDue(now, s.stopping)
+			w, due, must := s.fleet.readFor(b, now, s.stopping)
 			if w > 0 { // the write waits for N, or a read of N comes then
 				soon(now.Add(w))
 			}
 			if must {
 				break
 			}
-			// a stale N is read again only for a write its share lets go
-			due = due && (s.fleet.n == 0 || s.fleet.wait(b, now) == 0)
 			fleetRead = s.fleetReadable(due, now)
 			write = !fleetRead
 		}
