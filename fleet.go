@@ -235,6 +235,20 @@ func (f *fleet) window() time.Duration {
 	return min(time.Duration(float64(f.n)/herdRate*float64(time.Second)), herdMaxWindow)
 }
 
+// readsLeft is the reads of N a write may still wait for: none once N is read (a later read
+// does not hold a write that has an N), else the reads from the next one to the workload's.
+func (f *fleet) readsLeft() int {
+	switch {
+	case !f.on() || f.static || f.n > 0:
+		return 0
+	case f.next == verbListPod:
+		return fleetReads
+	case f.next == verbGetReplicaSet:
+		return 2
+	}
+	return 1
+}
+
 // herdWait is how long the next write waits for its part of the window; 0 when it may go.
 func (f *fleet) herdWait(now time.Time, r *rand.Rand) time.Duration {
 	if !f.herdArmed {

@@ -390,9 +390,10 @@ func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
 }
 
 // showDelays shows, by reason, the oldest event never written, and the bound
-// of a new line: a refill for each plugin waiting and one more for each re-create waiting (its
-// plugin's turn is of two writes), the write, and a refill and a write's time for each read of
-// the pod left.
+// of a new line: a refill for each plugin waiting, one more for each re-create waiting (its
+// plugin's turn is of two writes) and one for a new event of its own plugin and shape after it (new
+// events go first within a shape), the write, and a refill and a write's time for each read of the
+// pod, and of N with fleet, left.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		since := s.showPlugins(l)
@@ -400,10 +401,11 @@ func (s *scheduler) showDelays() {
 		if s.fleet.on() { // the share refills slower, and the herd's window comes first
 			qps = min(qps, s.fleet.buckets[l].qps)
 		}
-		// each read of the pod left takes a token and its time: a list, then a get
-		reads := float64(s.pod.readsLeft())
+		// each read left takes a token and its time: of the pod, a list then a get; of N, up to
+		// three
+		reads := float64(s.pod.readsLeft() + s.fleet.readsLeft())
 		q := s.queues[l]
-		turns := float64(max(len(q.turns), 1)+min(q.recreating, len(q.turns))) + reads
+		turns := float64(max(len(q.turns), 1)+min(q.recreating, len(q.turns))+1) + reads
 		refills := min(turns/qps, 365*24*3600)
 		bound := time.Duration(refills*1e9) + writeTimeout*time.Duration(1+reads)
 		bound += s.fleet.window()
