@@ -83,6 +83,13 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 	m.configured(cfg)
 	m.qps, m.wait = m.rateOf(cfg), fleetWait(cfg)
 	m.p = newPipeline(cfg, m.api.client, pod, m.clk)
+	report := m.p.sched.report
+	m.p.sched.report = func(now time.Time, err error) {
+		m.saidMu.Lock()
+		m.said = append(m.said, err)
+		m.saidMu.Unlock()
+		report(now, err)
+	}
 	m.p.writeTimeout = 250 * time.Millisecond
 	m.p.sched.flushPause = time.Millisecond
 	m.p.sched.rand = rand.New(rand.NewPCG(seed, 1))

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -132,6 +133,19 @@ type model struct {
 	held     *heldCheck     // the Retry-Afters the scheduler was told, shared with the faults' model
 	fleet    *modelFleet    // the workload and the fleet's shares (faultfleet_test.go)
 	wait     time.Duration  // what fleet adds to a line's wait, in the configuration in effect
+
+	saidMu sync.Mutex
+	said   []error // what the concurrent model's scheduler said of failed writes and reads
+}
+
+// reports is what the scheduler said of failed writes and reads so far.
+func (m *model) reports() []error {
+	if m.h != nil {
+		return m.h.reports
+	}
+	m.saidMu.Lock()
+	defer m.saidMu.Unlock()
+	return slices.Clone(m.said)
 }
 
 // heldCheck holds the scheduler to the 429s it was told: no request of any kind is handed out
@@ -606,10 +620,8 @@ func (m *model) checkBound() error {
 		byBucket[r.reason] = append(byBucket[r.reason], r.at)
 	}
 	m.api.mu.Unlock()
-	if m.h != nil {
-		if err := m.checkShare(m.h.reports); err != nil {
-			return err
-		}
+	if err := m.checkShare(m.reports()); err != nil {
+		return err
 	}
 	for reason, at := range byBucket {
 		sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
