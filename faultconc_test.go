@@ -137,6 +137,8 @@ func runConcurrentModel(seed uint64, stats *faultStats) (err error) {
 			m.maxBurst, m.maxQPS = max(m.maxBurst, c.burst), max(m.maxQPS, c.qps)
 		case r == 1:
 			expire = true
+		case r == 2:
+			m.scaled()
 		}
 		m.noteRound(lines)
 		if reload != nil { // before or after the lines: the least rate counts for them

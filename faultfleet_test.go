@@ -28,10 +28,13 @@ func withFleet(cfg config, qps float64, burst int) config {
 
 // modelFleet is what the model knows of the fleet of a run.
 type modelFleet struct {
-	n     int     // the pods the workload in the fake API wants; 1 without one
-	burst float64 // the most of a replica's share of BURST, floor included, over the run's configurations
-	qps   float64 // the most of its share of QPS
-	off   bool    // a configuration of the run had no fleet: rate alone bounded some writes
+	n, least, most int     // the pods the workload in the fake API wants now, and the least and most of the run; 1 without one
+	fleetQPS       float64 // the most of the option's QPS and BURST over the run's configurations
+	fleetBurst     int
+	burst          float64 // the most of a replica's share of BURST, floor included, over the run's configurations and N
+	qps            float64 // the most of its share of QPS
+	off            bool    // a configuration of the run had no fleet: rate alone bounded some writes
+	scale          func()  // draws N and sets it in the fake API; nil: the pod's workload has no N to change
 }
 
 // addWorkload stores the pod's workload in the fake API, a third of the time a Deployment, a
@@ -44,14 +47,55 @@ func (m *model) addWorkload() {
 		replicas, surge := 1+m.rng.IntN(4), m.rng.IntN(2)
 		addDeployment(m.api, testRef.Name, int32(replicas), intstr.FromInt32(int32(surge)))
 		m.fleet.n = replicas + surge
-	case 2:
-		m.fleet.n = 2 + m.rng.IntN(60)
-		m.api.addApp("daemonsets", &appsv1.DaemonSet{
-			ObjectMeta: metav1.ObjectMeta{Name: "node-local-dns", Namespace: testRef.Namespace},
-			Status:     appsv1.DaemonSetStatus{DesiredNumberScheduled: int32(m.fleet.n)},
+		m.fleet.scale = m.scaler(1+surge, 4+surge, func(n int) { // the Deployment and its ReplicaSet
+			addDeployment(m.api, testRef.Name, int32(n-surge), intstr.FromInt32(int32(surge)))
 		})
+	case 2:
+		daemons := func(n int) {
+			m.api.addApp("daemonsets", &appsv1.DaemonSet{
+				ObjectMeta: metav1.ObjectMeta{Name: "node-local-dns", Namespace: testRef.Namespace},
+				Status:     appsv1.DaemonSetStatus{DesiredNumberScheduled: int32(n)},
+			})
+		}
+		m.fleet.n = 2 + m.rng.IntN(60)
+		daemons(m.fleet.n)
 		m.api.addPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: testRef.Name, Namespace: testRef.Namespace,
 			UID: testRef.UID, OwnerReferences: controlledBy("DaemonSet", "node-local-dns")}})
+		m.fleet.scale = m.scaler(2, 61, daemons) // nodes join and leave
+	}
+	m.fleet.least, m.fleet.most = m.fleet.n, m.fleet.n
+}
+
+// scaler is a scale that draws N between lo and hi and sets it with set.
+func (m *model) scaler(lo, hi int, set func(n int)) func() {
+	return func() {
+		f := m.fleet
+		f.n = lo + m.rng.IntN(hi-lo+1)
+		f.least, f.most = min(f.least, f.n), max(f.most, f.n)
+		set(f.n)
+		f.share()
+	}
+}
+
+// scaled scales the pod's workload (or its nodes), if it has one: the replica reads the new N
+// within fleetStale, and until then writes by the old one. The shares checked are the largest,
+// those of the least N; the waits, the longest, those of the most.
+func (m *model) scaled() {
+	f := m.fleet
+	if f == nil || f.scale == nil {
+		return
+	}
+	f.scale()
+	m.api.mu.Lock() // the faults count theirs under it, in the writers' goroutines
+	m.stats.injected["workload scaled"]++
+	m.api.mu.Unlock()
+	qps := m.qps
+	if !f.off && f.fleetQPS > 0 {
+		qps = min(qps, f.fleetQPS/float64(f.most)+1/fleetFloor.Seconds())
+	}
+	m.qps = qps
+	for _, l := range m.firsts {
+		l.qps = min(l.qps, qps)
 	}
 }
 
@@ -62,9 +106,18 @@ func (m *model) configured(cfg config) {
 		f.off = true
 		return
 	}
-	n := float64(f.n)
-	f.burst = max(f.burst, float64(cfg.fleetBurst)/n+1)
-	f.qps = max(f.qps, cfg.fleetQPS/n+1/fleetFloor.Seconds())
+	f.fleetQPS, f.fleetBurst = max(f.fleetQPS, cfg.fleetQPS), max(f.fleetBurst, cfg.fleetBurst)
+	f.share()
+}
+
+// share sets the largest share of the run: the most of the option over the least N.
+func (f *modelFleet) share() {
+	if f.fleetQPS == 0 {
+		return
+	}
+	n := float64(f.least)
+	f.burst = float64(f.fleetBurst)/n + 1
+	f.qps = f.fleetQPS/n + 1/fleetFloor.Seconds()
 }
 
 // rateOf is the least refill rate of a bucket under cfg: rate's, or the replica's share.
@@ -72,7 +125,7 @@ func (m *model) rateOf(cfg config) float64 {
 	if cfg.fleetQPS == 0 {
 		return cfg.qps
 	}
-	return min(cfg.qps, cfg.fleetQPS/float64(m.fleet.n)+1/fleetFloor.Seconds())
+	return min(cfg.qps, cfg.fleetQPS/float64(m.fleet.most)+1/fleetFloor.Seconds())
 }
 
 // fleetWait is what fleet adds to a line's wait under cfg: the herd's window, and the reads of
@@ -121,7 +174,7 @@ func (m *model) checkShare(reports []error) error {
 			for j := i; j < len(at); j++ {
 				if bound := f.burst + f.qps*at[j].Sub(at[i]).Seconds(); float64(j-i+1) > bound+1e-9 {
 					return fmt.Errorf("fleet: %d %s writes from %v to %v, the share of N=%d bounds them at %.2f",
-						j-i+1, reason, at[i], at[j], f.n, bound)
+						j-i+1, reason, at[i], at[j], f.least, bound)
 				}
 			}
 		}

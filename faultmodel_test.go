@@ -431,6 +431,8 @@ func (m *model) step() error {
 		if err := m.fatal(); err != nil {
 			return err
 		}
+	case r < 8:
+		m.scaled()
 	}
 	if m.rng.IntN(10) == 0 { // the wall clock steps (NTP, a VM resumed); the monotonic one goes on
 		m.clk.stepWall(time.Duration(m.rng.IntN(4*3600)-2*3600) * time.Second)
