@@ -180,12 +180,13 @@ func (c *correlator) observe(ln line) *entry {
 	if c.origin.IsZero() {
 		c.origin = ln.at.Add(-budgetWindow)
 	}
+	el := ln.at.Sub(c.origin) // on the monotonic clock
 	msg := eventMessage(ln.text)
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
 	e, ok := c.cache.get(key)
 	m := ""
 	if !ok {
-		key, e, ok, m = c.budgeted(key, ln)
+		key, e, ok, m = c.budgeted(key, el)
 	}
 	if !ok {
 		e = &entry{key: key, first: ln.at}
@@ -194,7 +195,6 @@ func (c *correlator) observe(ln line) *entry {
 	if c.quiet > 0 {
 		c.paced = c.quiet
 	}
-	el := ln.at.Sub(c.origin) // on the monotonic clock
 	top, recent := false, int64(0)
 	if key.combined() {
 		if e.hitters == nil {
@@ -249,18 +249,18 @@ func (e *entry) note() string {
 const combinedPrefix = "(combined from similar events): "
 
 // budgeted is the key of a line that has no entry, within the budget of its plugin and level, with
-// the entry of that key if there is one, and the line's member if it is combined.
-func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, string) {
-	at := ln.at.Sub(c.origin) // on the monotonic clock
-	w := c.window(windowKey{ln.level, ln.plugin})
+// the entry of that key if there is one, and the line's member if it is combined. at is the
+// line's time on the correlator's elapsed.
+func (c *correlator) budgeted(key eventKey, at time.Duration) (eventKey, *entry, bool, string) {
+	w := c.window(windowKey{key.level, key.plugin})
 	spent := w.spent(at)
 	if spent < ownEvents {
 		w.spend(at)
 		return key, nil, false, ""
 	}
-	aggregated[ln.level].Inc()
+	aggregated[key.level].Inc()
 	// The budget is of one plugin: its prefix is no part of the shape.
-	rest := strings.TrimPrefix(key.message, ln.plugin)
+	rest := strings.TrimPrefix(key.message, key.plugin)
 	var f found // the member too, in the same pass
 	c.shaped = appendShape(c.shaped[:0], rest, &f)
 	key.message, key.shape = "", maphash.Bytes(shapeSeed, c.shaped)

@@ -102,13 +102,7 @@ func oneLabelName(w, rest string) bool {
 	if n < 2 || w[n-1] != '.' || rest == "" || rest[0] < 'A' || rest[0] > 'Z' {
 		return false
 	}
-	if i := strings.IndexByte(rest, ' '); i >= 0 {
-		rest = rest[:i]
-	}
-	if rrShape(strings.TrimSuffix(rest, ":")) != shapeType {
-		return false
-	}
-	letter := false
+	letter := false // the label first: a name of more labels has a dot within, found at once
 	for i := 0; i < n-1; i++ {
 		switch c := w[i]; {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
@@ -117,7 +111,10 @@ func oneLabelName(w, rest string) bool {
 			return false
 		}
 	}
-	return letter
+	if i := strings.IndexByte(rest, ' '); i >= 0 {
+		rest = rest[:i]
+	}
+	return letter && rrShape(strings.TrimSuffix(rest, ":")) == shapeType
 }
 
 // maxRRWord is the length of the longest query type or class CoreDNS prints: NSEC3PARAM,
@@ -146,6 +143,12 @@ var rrWords = func() map[string]string {
 
 // rrShape is the placeholder of a query type or class ("A", "TYPE65280", "CLASS3"), or "".
 func rrShape(w string) string {
+	switch w { // the commonest, without hashing: as rrWords has them
+	case "A", "AAAA", "PTR", "SRV", "MX", "TXT", "CNAME", "NS", "SOA", "HTTPS", "SVCB", "ANY":
+		return shapeType
+	case "IN":
+		return shapeCls
+	}
 	if p, ok := rrWords[w]; ok {
 		return p
 	}
