@@ -107,7 +107,7 @@ func oneLabelName(w, rest string) bool {
 		switch c := w[i]; {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 			letter = true
-		case c == '.' || c == '\\' || c <= ' ' || c > '~' || strings.IndexByte(`'@;()"<`, c) >= 0:
+		case c == '.' || c == '\\' || c == '<' || unprinted[c]:
 			return false
 		}
 	}
@@ -539,7 +539,7 @@ func isName(w string, m charClass, fq bool) bool {
 			continue
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 			letter = true
-		case c <= ' ' || c > '~' || strings.IndexByte(`'@;()"`, c) >= 0,
+		case unprinted[c],
 			// a Go type's *v1.Pod
 			c == '*' && !fq && (labelLen > 0 || i+1 < len(w) && w[i+1] != '.'):
 			return false
@@ -549,6 +549,14 @@ func isName(w string, m charClass, fq bool) bool {
 	// a URL
 	return letter && dot && labelLen > 0 && (m&classColon == 0 || !strings.Contains(w, "://"))
 }
+
+// unprinted are the bytes CoreDNS escapes in a name's label: no printable ASCII, or ' @ ; ( ) ".
+var unprinted = func() (set [256]bool) {
+	for c := range set {
+		set[c] = c <= ' ' || c > '~' || strings.IndexByte(`'@;()"`, byte(c)) >= 0
+	}
+	return set
+}()
 
 // escapeLen is the length of the escape w starts with: CoreDNS's \DDD and
 // \X (X no digit), eventMessage's \xHH and \uHHHH; 0 when it is none.
