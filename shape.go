@@ -68,6 +68,11 @@ const shapeBufSize = 2*maxMessageBytes + len(shapeName)
 func appendShape(b []byte, s string, f *found) []byte {
 	start, m := 0, charClass(0)
 	for i := 0; i < len(s); i++ {
+		k := scanned[s[i]]
+		if k&classStop == 0 { // the commonest: a byte within a word, one look-up
+			m |= k
+			continue
+		}
 		c := s[i]
 		if c == '\\' && i+1 < len(s) {
 			i++
@@ -337,6 +342,19 @@ var classes = func() (t [256]charClass) {
 		for _, c := range []byte(chars) {
 			t[c] = 1 << i
 		}
+	}
+	return t
+}()
+
+// classStop marks, in scanned, the bytes appendShape stops at: a space or tab ends a word, a
+// backslash escapes the byte after it. No word's classes hold it.
+const classStop charClass = 1 << 15
+
+// scanned is classes, with classStop on the bytes appendShape stops at.
+var scanned = func() (t [256]charClass) {
+	t = classes
+	for _, c := range []byte(" \t\\") {
+		t[c] |= classStop
 	}
 	return t
 }()
