@@ -29,10 +29,10 @@ const (
 // eventKey identifies one event: a log line, or, with an empty message, the
 // combined event of a plugin, level and shape.
 type eventKey struct {
-	level   level
+	shape   uint64 // of a combined event: shapeHash of its lines
+	level   level  // beside shape: the two hash as one run of bytes
 	plugin  string
 	message string
-	shape   uint64 // of a combined event: shapeHash of its lines
 	member  string // of a combined event of one member's lines (hitters.go)
 }
 
