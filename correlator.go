@@ -157,6 +157,8 @@ type correlator struct {
 	// while quiet is off, and is true once it is on again.
 	paced  time.Duration
 	shaped []byte // room for a line's shape: shapeHash's, in place
+	// memberHash is the hash with shapeSeed of the member budgeted found last, as cut
+	memberHash uint64
 	// promoters are those of the budgets, at most maxPromoters: the least recently used goes to
 	// another budget that needs one.
 	promoters []*promoter
@@ -200,7 +202,7 @@ func (c *correlator) observe(ln line) *entry {
 		if e.hitters == nil {
 			e.hitters = &hitters{}
 		}
-		top, recent = e.hitters.add(m, el, c.paced)
+		top, recent = e.hitters.count(m, c.memberHash, el, c.paced)
 		if key.shape == otherShapes {
 			e.hitters.countShape(shapeHash(strings.TrimPrefix(msg, ln.plugin)))
 		}
@@ -264,10 +266,16 @@ func (c *correlator) budgeted(key eventKey, at time.Duration) (eventKey, *entry,
 	var f found // the member too, in the same pass
 	c.shaped = appendShape(c.shaped[:0], rest, &f)
 	key.message, key.shape = "", maphash.Bytes(shapeSeed, c.shaped)
-	m := f.member()
+	whole := f.whole()
+	m := cutMember(whole) // f.member()
 	low := int64(0)
 	if m != "" {
-		low = c.promoterOf(w).add(m, maphash.String(shapeSeed, f.whole()), at)
+		x := maphash.String(shapeSeed, whole)
+		c.memberHash = x
+		if len(m) < len(whole) { // cut: its summary counts it by the hash of what is kept
+			c.memberHash = maphash.String(shapeSeed, m)
+		}
+		low = c.promoterOf(w).add(m, x, at)
 	}
 	e, ok := c.cache.get(key)
 	if !ok && spent >= ownEvents+maxShapes {
