@@ -117,8 +117,9 @@ func newCache(size int, evicted func(*entry)) *cache {
 }
 
 func (c *cache) get(key eventKey) (*entry, bool) {
-	if c.found != nil && c.found.key == key {
-		return c.found, true
+	if f := c.found; f != nil && f.key.shape == key.shape && f.key.level == key.level &&
+		len(f.key.message) == len(key.message) && f.key == key { // the cheapest fields first
+		return f, true
 	}
 	e, ok := c.entries[key]
 	if ok {
