@@ -389,14 +389,20 @@ func (p *promoter) advance(gen int64) {
 // leastSlot is a slot of the least total. Within a quarter totals only grow: the least found
 // last is a lower bound, and the search goes on from the slot where it ended.
 func (p *promoter) leastSlot() int {
+	n := len(p.slots)
 	for {
 		low := uint32(math.MaxUint32)
-		for k := range len(p.slots) {
-			j := (p.next + k) % len(p.slots)
-			t := p.slots[j].total()
+		j := p.next % n
+		for range n {
+			i := j
+			j++
+			if j == n { // around, without a division a slot
+				j = 0
+			}
+			t := p.slots[i].total()
 			if t <= p.least {
-				p.next = (j + 1) % len(p.slots)
-				return j
+				p.next = j
+				return i
 			}
 			low = min(low, t)
 		}
