@@ -92,7 +92,10 @@ func (h *groups) Pop() any {
 }
 
 type cache struct {
-	entries         map[eventKey]*entry
+	entries map[eventKey]*entry
+	// found is the entry get found last, nil once it left: a storm's lines find their combined
+	// event without hashing its key.
+	found           *entry
 	size            int
 	evicted         func(*entry)
 	members         int // entries of one member's lines
@@ -114,7 +117,14 @@ func newCache(size int, evicted func(*entry)) *cache {
 }
 
 func (c *cache) get(key eventKey) (*entry, bool) {
+	if f := c.found; f != nil && f.key.shape == key.shape && f.key.level == key.level &&
+		len(f.key.message) == len(key.message) && f.key == key { // the cheapest fields first
+		return f, true
+	}
 	e, ok := c.entries[key]
+	if ok {
+		c.found = e
+	}
 	return e, ok
 }
 
@@ -258,6 +268,9 @@ func (c *cache) evict(pending bool) bool {
 		}
 		c.unlink(e)
 		delete(c.entries, e.key)
+		if c.found == e {
+			c.found = nil
+		}
 		if e.key.member != "" {
 			c.members--
 		}

@@ -416,3 +416,23 @@ func TestCachedSettlingAndEndsShareCacheSize(t *testing.T) {
 		t.Errorf("%v lines dropped as evicted, want the 4 events that did not fit", d.dropped[dropEvicted])
 	}
 }
+
+// An entry found last is not found once it left: a line of its key after it is evicted finds
+// none, and then the entry made again.
+func TestEntryFoundLastIsNotFoundOnceEvicted(t *testing.T) {
+	c := newCache(1, func(*entry) {})
+	first := cachedEntry("errors", "", 1, true)
+	c.add(first)
+	if e, ok := c.get(first.key); !ok || e != first {
+		t.Fatalf("get = %p, %v, want the entry added", e, ok)
+	}
+	c.add(cachedEntry("errors", "another", 1, false)) // evicts first
+	if e, ok := c.get(first.key); ok {
+		t.Fatalf("get = %p after its eviction, want none", e)
+	}
+	again := cachedEntry("errors", "", 1, false)
+	c.add(again)
+	if e, ok := c.get(first.key); !ok || e != again {
+		t.Fatalf("get = %p, %v, want the entry made again", e, ok)
+	}
+}

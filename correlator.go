@@ -29,10 +29,10 @@ const (
 // eventKey identifies one event: a log line, or, with an empty message, the
 // combined event of a plugin, level and shape.
 type eventKey struct {
-	level   level
+	shape   uint64 // of a combined event: shapeHash of its lines
+	level   level  // beside shape: the two hash as one run of bytes
 	plugin  string
 	message string
-	shape   uint64 // of a combined event: shapeHash of its lines
 	member  string // of a combined event of one member's lines (hitters.go)
 }
 
@@ -157,6 +157,8 @@ type correlator struct {
 	// while quiet is off, and is true once it is on again.
 	paced  time.Duration
 	shaped []byte // room for a line's shape: shapeHash's, in place
+	// memberHash is the hash with shapeSeed of the member budgeted found last, as cut
+	memberHash uint64
 	// promoters are those of the budgets, at most maxPromoters: the least recently used goes to
 	// another budget that needs one.
 	promoters []*promoter
@@ -180,12 +182,13 @@ func (c *correlator) observe(ln line) *entry {
 	if c.origin.IsZero() {
 		c.origin = ln.at.Add(-budgetWindow)
 	}
+	el := ln.at.Sub(c.origin) // on the monotonic clock
 	msg := eventMessage(ln.text)
 	key := eventKey{level: ln.level, plugin: ln.plugin, message: msg}
 	e, ok := c.cache.get(key)
 	m := ""
 	if !ok {
-		key, e, ok, m = c.budgeted(key, ln)
+		key, e, ok, m = c.budgeted(key, el)
 	}
 	if !ok {
 		e = &entry{key: key, first: ln.at}
@@ -194,13 +197,12 @@ func (c *correlator) observe(ln line) *entry {
 	if c.quiet > 0 {
 		c.paced = c.quiet
 	}
-	el := ln.at.Sub(c.origin) // on the monotonic clock
 	top, recent := false, int64(0)
 	if key.combined() {
 		if e.hitters == nil {
 			e.hitters = &hitters{}
 		}
-		top, recent = e.hitters.add(m, el, c.paced)
+		top, recent = e.hitters.count(m, c.memberHash, el, c.paced)
 		if key.shape == otherShapes {
 			e.hitters.countShape(shapeHash(strings.TrimPrefix(msg, ln.plugin)))
 		}
@@ -249,25 +251,31 @@ func (e *entry) note() string {
 const combinedPrefix = "(combined from similar events): "
 
 // budgeted is the key of a line that has no entry, within the budget of its plugin and level, with
-// the entry of that key if there is one, and the line's member if it is combined.
-func (c *correlator) budgeted(key eventKey, ln line) (eventKey, *entry, bool, string) {
-	at := ln.at.Sub(c.origin) // on the monotonic clock
-	w := c.window(windowKey{ln.level, ln.plugin})
+// the entry of that key if there is one, and the line's member if it is combined. at is the
+// line's time on the correlator's elapsed.
+func (c *correlator) budgeted(key eventKey, at time.Duration) (eventKey, *entry, bool, string) {
+	w := c.window(windowKey{key.level, key.plugin})
 	spent := w.spent(at)
 	if spent < ownEvents {
 		w.spend(at)
 		return key, nil, false, ""
 	}
-	aggregated[ln.level].Inc()
+	aggregated[key.level].Inc()
 	// The budget is of one plugin: its prefix is no part of the shape.
-	rest := strings.TrimPrefix(key.message, ln.plugin)
+	rest := strings.TrimPrefix(key.message, key.plugin)
 	var f found // the member too, in the same pass
 	c.shaped = appendShape(c.shaped[:0], rest, &f)
 	key.message, key.shape = "", maphash.Bytes(shapeSeed, c.shaped)
-	m := f.member()
+	whole := f.whole()
+	m := cutMember(whole) // f.member()
 	low := int64(0)
 	if m != "" {
-		low = c.promoterOf(w).add(m, maphash.String(shapeSeed, f.whole()), at)
+		x := maphash.String(shapeSeed, whole)
+		c.memberHash = x
+		if len(m) < len(whole) { // cut: its summary counts it by the hash of what is kept
+			c.memberHash = maphash.String(shapeSeed, m)
+		}
+		low = c.promoterOf(w).add(m, x, at)
 	}
 	e, ok := c.cache.get(key)
 	if !ok && spent >= ownEvents+maxShapes {

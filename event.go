@@ -33,10 +33,38 @@ func eventMessage(s string) string {
 	for s != "" && (s[len(s)-1] == '\n' || s[len(s)-1] == '\r') {
 		s = s[:len(s)-1]
 	}
+	if printableASCII(s) { // the commonest: valid, with no control, in one pass
+		return cutMiddle(s, maxMessageBytes)
+	}
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}
 	return cutMiddle(escapeControls(s), maxMessageBytes)
+}
+
+// printableASCII tells whether every byte of s is printable ASCII, from ' ' to '~'.
+func printableASCII(s string) bool {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		if !printable8(s[i : i+8]) {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// printable8 tells whether the eight bytes of b are all printable ASCII: none below ' ', none
+// from DEL up.
+func printable8(b string) bool {
+	x := uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	return ((x-ones*' ')|(x+ones*(0x80-0x7f))|x)&highs == 0
 }
 
 // escapeControls quotes, as Go does (\n, \x1b, \u202e), the control (C0 but tab, DEL, C1) and
@@ -63,11 +91,7 @@ func escapeControls(s string) string {
 func indexHidden(s string) int {
 	i := 0
 	for ; i+8 <= len(s); i += 8 { // eight bytes at a time while all are printable ASCII
-		b := s[i : i+8]
-		x := uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-		const ones, highs = 0x0101010101010101, 0x8080808080808080
-		if ((x-ones*' ')|(x+ones*(0x80-0x7f))|x)&highs != 0 {
+		if !printable8(s[i : i+8]) {
 			break // a byte below ' ', from DEL up, or not ASCII: look at each
 		}
 	}

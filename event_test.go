@@ -347,3 +347,25 @@ func TestIndexHiddenFindsEveryByteAtEveryPlace(t *testing.T) {
 		}
 	}
 }
+
+// A line taken as it is, printable ASCII, is one eventMessage's full checks leave as it is: every
+// byte at every place, within or after the eight-byte steps, behind bytes that border the range.
+func TestPrintableLinesAreTakenAsTheyAre(t *testing.T) {
+	for _, pad := range []byte{' ', '~', 'a', '\t'} {
+		for n := range 20 {
+			for c := range 256 {
+				s := strings.Repeat(string(pad), n) + string([]byte{byte(c)}) + "tail"
+				want := true
+				for i := range len(s) {
+					want = want && s[i] >= ' ' && s[i] <= '~'
+				}
+				if got := printableASCII(s); got != want {
+					t.Fatalf("printableASCII(%q) = %v, want %v", s, got, want)
+				}
+				if want && (!utf8.ValidString(s) || escapeControls(s) != s) {
+					t.Fatalf("%q is taken as it is, but the checks change it", s)
+				}
+			}
+		}
+	}
+}

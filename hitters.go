@@ -95,12 +95,16 @@ func (h *hitters) countShape(x uint64) {
 // add counts a line of member at el, the correlator's elapsed time, and tells whether member is
 // now among the top (see top), with its lines within the last quiet.
 func (h *hitters) add(member string, el, quiet time.Duration) (bool, int64) {
+	member = cutMember(member)
+	return h.count(member, maphash.String(shapeSeed, member), el, quiet)
+}
+
+// count is add of a member cut already, whose hash with shapeSeed is x.
+func (h *hitters) count(member string, x uint64, el, quiet time.Duration) (bool, int64) {
 	h.lines++
 	if member == "" {
 		return false, 0
 	}
-	member = cutMember(member)
-	x := maphash.String(shapeSeed, member)
 	i := -1
 	for j, y := range h.hashes[:len(h.slots)] {
 		if y == uint32(x) && h.member(h.slots[j]) == member {
@@ -385,14 +389,20 @@ func (p *promoter) advance(gen int64) {
 // leastSlot is a slot of the least total. Within a quarter totals only grow: the least found
 // last is a lower bound, and the search goes on from the slot where it ended.
 func (p *promoter) leastSlot() int {
+	n := len(p.slots)
 	for {
 		low := uint32(math.MaxUint32)
-		for k := range len(p.slots) {
-			j := (p.next + k) % len(p.slots)
-			t := p.slots[j].total()
+		j := p.next % n
+		for range n {
+			i := j
+			j++
+			if j == n { // around, without a division a slot
+				j = 0
+			}
+			t := p.slots[i].total()
 			if t <= p.least {
-				p.next = (j + 1) % len(p.slots)
-				return j
+				p.next = j
+				return i
 			}
 			low = min(low, t)
 		}

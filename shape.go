@@ -68,6 +68,11 @@ const shapeBufSize = 2*maxMessageBytes + len(shapeName)
 func appendShape(b []byte, s string, f *found) []byte {
 	start, m := 0, charClass(0)
 	for i := 0; i < len(s); i++ {
+		k := scanned[s[i]]
+		if k&classStop == 0 { // the commonest: a byte within a word, one look-up
+			m |= k
+			continue
+		}
 		c := s[i]
 		if c == '\\' && i+1 < len(s) {
 			i++
@@ -102,22 +107,19 @@ func oneLabelName(w, rest string) bool {
 	if n < 2 || w[n-1] != '.' || rest == "" || rest[0] < 'A' || rest[0] > 'Z' {
 		return false
 	}
-	if i := strings.IndexByte(rest, ' '); i >= 0 {
-		rest = rest[:i]
-	}
-	if rrShape(strings.TrimSuffix(rest, ":")) != shapeType {
-		return false
-	}
-	letter := false
+	letter := false // the label first: a name of more labels has a dot within, found at once
 	for i := 0; i < n-1; i++ {
 		switch c := w[i]; {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 			letter = true
-		case c == '.' || c == '\\' || c <= ' ' || c > '~' || strings.IndexByte(`'@;()"<`, c) >= 0:
+		case c == '.' || c == '\\' || c == '<' || unprinted[c]:
 			return false
 		}
 	}
-	return letter
+	if i := strings.IndexByte(rest, ' '); i >= 0 {
+		rest = rest[:i]
+	}
+	return letter && rrShape(strings.TrimSuffix(rest, ":")) == shapeType
 }
 
 // maxRRWord is the length of the longest query type or class CoreDNS prints: NSEC3PARAM,
@@ -146,6 +148,12 @@ var rrWords = func() map[string]string {
 
 // rrShape is the placeholder of a query type or class ("A", "TYPE65280", "CLASS3"), or "".
 func rrShape(w string) string {
+	switch w { // the commonest, without hashing: as rrWords has them
+	case "A", "AAAA", "PTR", "SRV", "MX", "TXT", "CNAME", "NS", "SOA", "HTTPS", "SVCB", "ANY":
+		return shapeType
+	case "IN":
+		return shapeCls
+	}
 	if p, ok := rrWords[w]; ok {
 		return p
 	}
@@ -334,6 +342,19 @@ var classes = func() (t [256]charClass) {
 		for _, c := range []byte(chars) {
 			t[c] = 1 << i
 		}
+	}
+	return t
+}()
+
+// classStop marks, in scanned, the bytes appendShape stops at: a space or tab ends a word, a
+// backslash escapes the byte after it. No word's classes hold it.
+const classStop charClass = 1 << 15
+
+// scanned is classes, with classStop on the bytes appendShape stops at.
+var scanned = func() (t [256]charClass) {
+	t = classes
+	for _, c := range []byte(" \t\\") {
+		t[c] |= classStop
 	}
 	return t
 }()
@@ -536,7 +557,7 @@ func isName(w string, m charClass, fq bool) bool {
 			continue
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 			letter = true
-		case c <= ' ' || c > '~' || strings.IndexByte(`'@;()"`, c) >= 0,
+		case unprinted[c],
 			// a Go type's *v1.Pod
 			c == '*' && !fq && (labelLen > 0 || i+1 < len(w) && w[i+1] != '.'):
 			return false
@@ -546,6 +567,14 @@ func isName(w string, m charClass, fq bool) bool {
 	// a URL
 	return letter && dot && labelLen > 0 && (m&classColon == 0 || !strings.Contains(w, "://"))
 }
+
+// unprinted are the bytes CoreDNS escapes in a name's label: no printable ASCII, or ' @ ; ( ) ".
+var unprinted = func() (set [256]bool) {
+	for c := range set {
+		set[c] = c <= ' ' || c > '~' || strings.IndexByte(`'@;()"`, byte(c)) >= 0
+	}
+	return set
+}()
 
 // escapeLen is the length of the escape w starts with: CoreDNS's \DDD and
 // \X (X no digit), eventMessage's \xHH and \uHHHH; 0 when it is none.

@@ -310,3 +310,17 @@ func TestPluginLabel(t *testing.T) {
 		}
 	}
 }
+
+// The query types and classes found without hashing take the placeholders of every other.
+func TestQueryTypesAndClassesTakeTheirPlaceholders(t *testing.T) {
+	for w, want := range rrWords {
+		if got := rrShape(w); got != want {
+			t.Errorf("rrShape(%q) = %q, want %q", w, got, want)
+		}
+	}
+	for _, w := range []string{"", "a", "Aa", "AAAAA", "in", "TYPE65536", "CLASS"} {
+		if got := rrShape(w); got != "" {
+			t.Errorf("rrShape(%q) = %q, want none", w, got)
+		}
+	}
+}
