@@ -389,9 +389,9 @@ func watchPipelineOrder(p *pipeline) *pipelineOrder {
 		return reqs, wake
 	}
 	p.outcome = func(res result, now time.Time) {
-		if f := p.sched.flights[res.id]; f.e != nil && !f.read {
-			w.order.answered(f.e, res)
-			w.order.resumed(f.e, res)
+		if f := p.sched.flights[res.id]; f.j != nil && !f.read {
+			w.order.answered(f.j, res)
+			w.order.resumed(f.j, res)
 		}
 		p.sched.outcome(res, now)
 	}
