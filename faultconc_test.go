@@ -218,12 +218,21 @@ func (m *model) stopConcurrent(stats *faultStats) error {
 // quietCheck waits until the pipeline is quiet (no line queued for the
 // scheduler, no request in flight, for a few polls in a row) and checks the contract then. A check that fails at
 // a moment that only looked quiet is tried again until the wait is over.
+//
+// Lines that come in a burst are taken in batches, with a pause of batchPause between them on
+// run's clock: while lines wait and nothing is on its way to the API, the clock moves by the
+// pause, as real time would, from run's goroutine, so that nothing is sent meanwhile.
 func (m *model) quietCheck() error {
 	deadline := time.Now().Add(10 * time.Second)
 	calm := 0
 	for {
 		quiet := len(m.p.listener.lines) == 0
-		m.inspect(func(s *scheduler) { quiet = quiet && len(s.flights) == 0 })
+		m.inspect(func(s *scheduler) {
+			quiet = quiet && len(s.flights) == 0
+			if len(s.flights) == 0 && len(m.p.listener.lines) > 0 {
+				m.tick(batchPause)
+			}
+		})
 		if quiet {
 			calm++
 		} else {
