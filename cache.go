@@ -141,7 +141,7 @@ func (c *cache) add(e *entry) {
 // place puts e in the queue its state says; seen moves it to the back even when it stays in it.
 func (c *cache) place(e *entry, seen bool) {
 	if e.in == nil && c.entries[e.key] != e {
-		return // evicted, or an end
+		return // evicted
 	}
 	pending := c.isPending(e)
 	if pending && e.group != nil || !pending && c.queueOf(e) == e.in {

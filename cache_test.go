@@ -12,7 +12,7 @@ import (
 
 // cachedEntry is an entry of plugin with lines pending, or all written.
 func cachedEntry(plugin, msg string, lines int64, written bool) *entry {
-	e := &entry{key: eventKey{level: levelError, plugin: "plugin/" + plugin + ": ", message: msg}}
+	e := newEntry(eventKey{level: levelError, plugin: "plugin/" + plugin + ": ", message: msg}, time.Time{})
 	e.seen = lines
 	if written {
 		e.carried, e.stormWritten = lines, true
@@ -228,7 +228,7 @@ func measureCacheBytes(b testing.TB, n int, report func(float64, string)) {
 	for _, e := range s.corr.cache.values() {
 		end := endOf(e, at)
 		s.ends.add(end, n)
-		s.place(end)
+		s.place(&end.job)
 	}
 	if len(s.ends.list) != n {
 		b.Fatalf("%d ends, want %d", len(s.ends.list), n)
@@ -322,7 +322,7 @@ func TestCacheCountsEntriesOfOneMember(t *testing.T) {
 		return n
 	}
 	for i, member := range []string{"a.example.", "", "b.example.", "", ""} {
-		c.add(&entry{key: eventKey{level: levelError, plugin: "plugin/errors: ", shape: uint64(i), member: member}})
+		c.add(newEntry(eventKey{level: levelError, plugin: "plugin/errors: ", shape: uint64(i), member: member}, time.Time{}))
 		if c.members != count() {
 			t.Fatalf("after %d adds: members %d, want %d", i+1, c.members, count())
 		}
@@ -335,14 +335,15 @@ func TestCacheCountsEntriesOfOneMember(t *testing.T) {
 func TestWrittenStormWithNewLinesIsEvictedAsPending(t *testing.T) {
 	var gone []*entry
 	c := newCache(3, func(e *entry) { gone = append(gone, e) })
-	storm := &entry{key: eventKey{level: levelError, plugin: "plugin/errors: ", shape: 1}, stormWritten: true}
+	storm := newEntry(eventKey{level: levelError, plugin: "plugin/errors: ", shape: 1}, time.Time{})
+	storm.stormWritten = true
 	storm.seen, storm.carried = 5, 5
 	c.add(storm)
 	storm.seen++ // a new line: pending again
 	c.place(storm, true)
 	var loud []*entry
 	for i := range 3 {
-		e := &entry{key: eventKey{level: levelError, plugin: "plugin/forward: ", message: fmt.Sprint("down ", i)}}
+		e := newEntry(eventKey{level: levelError, plugin: "plugin/forward: ", message: fmt.Sprint("down ", i)}, time.Time{})
 		e.seen = 1
 		loud = append(loud, e)
 		c.add(e)

@@ -41,7 +41,7 @@ func (k eventKey) combined() bool { return k.message == "" }
 // entry is what the scheduler knows of one event. Entries belong to the scheduler's goroutine:
 // writers get a request made from one, never the entry itself.
 type entry struct {
-	key eventKey
+	job // its key, and what the scheduler keeps to write it (scheduler.go)
 	tally
 	message     string // latest line; a combined event adds combinedPrefix when written
 	first, last time.Time
@@ -52,7 +52,7 @@ type entry struct {
 	stamped time.Time
 	seq     uint64 // of its latest line: the least recently seen goes first
 
-	writeState // what the scheduler keeps of its writes (scheduler.go)
+	objectState // what the scheduler keeps of the object it wrote (scheduler.go)
 
 	// base is the lines carried by earlier objects of this event, each
 	// full at a count of 2^31-1: the count of the current one is seen-base.
@@ -64,9 +64,7 @@ type entry struct {
 
 	evicted bool
 
-	end     *endSpec // set: this entry is the end of a storm, not in the cache (end.go)
 	links            // its place in the cache (cache.go)
-	slot    slot     // where it waits for a token or a time (queue.go)
 	hitters *hitters // of a combined event: its members (hitters.go)
 	flow    *flow    // of a warning or an error: its lines over time (end.go)
 }
@@ -191,7 +189,7 @@ func (c *correlator) observe(ln line) *entry {
 		key, e, ok, m = c.budgeted(key, el)
 	}
 	if !ok {
-		e = &entry{key: key, first: ln.at}
+		e = newEntry(key, ln.at)
 		c.cache.add(e)
 	}
 	if c.quiet > 0 {

@@ -10,17 +10,19 @@ import (
 // The end of a storm. A storm's entry (isStorm) whose lines are all written is watched by the
 // scheduler until its last quiet held fewer than max(2, 1 % of its peak) lines and none of its
 // top members (flow), or at the latest until it had no new line for quiet; then the scheduler
-// decides the end: a new entry, the end, joins the ends to write. Later lines count on the same
-// object; the next end comes once the storm rose above its threshold again. Nothing of this runs
-// on the DNS path.
+// decides the end: a stormEnd joins the ends to write. Later lines count on the same object; the
+// next end comes once the storm rose above its threshold again. Nothing of this runs on the DNS
+// path.
 //
-// An end carries no lines: its tally stays empty, so it never enters the accounting of lines. It is
+// An end carries no lines: it has no tally, so it never enters the accounting of lines. It is
 // written once, from its own bucket, endBucket; a create that got no answer is retried under the
 // same name, as the creates of lines are.
 
-// endSpec is what an end event says; set on end entries only.
-type endSpec struct {
-	message string
+// stormEnd is the end of a storm, an event of its own: it waits and is written as a job
+// (scheduler.go) of endBucket, apart from the entry of its storm, which goes on with its lines.
+type stormEnd struct {
+	job               // its storm's key, the state of its create, its place in the queues
+	message string    // what it says
 	at      time.Time // when the end was decided: the event's time
 }
 
@@ -43,8 +45,7 @@ const (
 // last line; false when e is no storm waiting for its quiet, or one that has not risen above its
 // threshold since its latest end.
 func quietAt(e *entry, quiet time.Duration) (time.Time, bool) {
-	if quiet <= 0 || e.end != nil || e.evicted || e.inflight != 0 || e.pending() > 0 ||
-		e.dropped > 0 ||
+	if quiet <= 0 || e.evicted || e.inflight != 0 || e.pending() > 0 || e.dropped > 0 ||
 		!e.stormWritten || !isStorm(e.key, e.seen-e.storm) {
 		return time.Time{}, false
 	}
@@ -90,7 +91,7 @@ func (b *endBudget) spend(at time.Time) {
 }
 
 // endOf makes the end of e's storm, decided at now.
-func endOf(e *entry, now time.Time) *entry {
+func endOf(e *entry, now time.Time) *stormEnd {
 	about, top, shapes := e.message, "", 0
 	if e.key.combined() { // its shape, not a line of one of its members
 		about = lineShape(strings.TrimPrefix(e.message, e.key.plugin))
@@ -108,10 +109,12 @@ func endOf(e *entry, now time.Time) *entry {
 		from = e.flow.from
 		e.flow.rest, e.flow.armed, e.flow.from = true, false, time.Time{}
 	}
-	end := &entry{key: e.key, end: &endSpec{
+	end := &stormEnd{
+		job:     job{key: e.key},
 		message: endMessage(e.key.plugin, about, top, shapes, e.seen-e.storm, from, e.stamped),
 		at:      now,
-	}}
+	}
+	end.end = end
 	e.storm, e.stormWritten = e.seen, false
 	return end
 }
@@ -203,24 +206,24 @@ func (p *flow) calmAt() int64 {
 }
 
 // ends are the ends decided and not yet written, oldest first. Owned by the scheduler's goroutine.
-type ends struct{ list []*entry }
+type ends struct{ list []*stormEnd }
 
 // add keeps end unless limit ends wait already: a storm ending beyond that starts afresh.
-func (q *ends) add(end *entry, limit int) {
+func (q *ends) add(end *stormEnd, limit int) {
 	if len(q.list) < limit {
 		q.list = append(q.list, end)
 	}
 }
 
 // remove forgets end: written, or given up.
-func (q *ends) remove(end *entry) {
-	q.list = slices.DeleteFunc(q.list, func(e *entry) bool { return e == end })
+func (q *ends) remove(end *stormEnd) {
+	q.list = slices.DeleteFunc(q.list, func(e *stormEnd) bool { return e == end })
 }
 
 // trim keeps the oldest limit ends; one whose write is in flight is left to it.
 func (q *ends) trim(limit int) {
 	if len(q.list) > limit {
-		kept := slices.DeleteFunc(q.list[limit:], func(e *entry) bool { return e.inflight == 0 })
+		kept := slices.DeleteFunc(q.list[limit:], func(e *stormEnd) bool { return e.inflight == 0 })
 		q.list = q.list[:limit+len(kept)]
 	}
 }

@@ -686,7 +686,8 @@ func TestFlushEndNotHeldByHungEvictedWrite(t *testing.T) {
 // after its quiet, no sooner; an entry that is no storm, or still has
 // lines to write, is not watched.
 func TestQuietAtCountsTheHandOffGrace(t *testing.T) {
-	storm := &entry{key: eventKey{level: levelError, plugin: "plugin/errors: ", message: "x"}, last: epoch, stormWritten: true}
+	storm := newEntry(eventKey{level: levelError, plugin: "plugin/errors: ", message: "x"}, time.Time{})
+	storm.last, storm.stormWritten = epoch, true
 	storm.seen, storm.carried = stormLines, stormLines
 	if at, ok := quietAt(storm, time.Minute); !ok || !at.Equal(epoch.Add(time.Minute+handOffGrace)) {
 		t.Errorf("quietAt = %v, %v; want %v", at, ok, epoch.Add(time.Minute+handOffGrace))
@@ -698,13 +699,15 @@ func TestQuietAtCountsTheHandOffGrace(t *testing.T) {
 	if _, ok := quietAt(storm, time.Minute); ok {
 		t.Error("watched with a line pending")
 	}
-	short := &entry{key: storm.key, last: epoch, stormWritten: true}
+	short := newEntry(storm.key, time.Time{})
+	short.last, short.stormWritten = epoch, true
 	short.seen, short.carried = stormLines-1, stormLines-1
 	if _, ok := quietAt(short, time.Minute); ok {
 		t.Errorf("an event of %d lines watched as a storm", stormLines-1)
 	}
 	// After an end, only the lines since count.
-	again := &entry{key: storm.key, last: epoch, stormWritten: true, storm: 2 * stormLines}
+	again := newEntry(storm.key, time.Time{})
+	again.last, again.stormWritten, again.storm = epoch, true, 2*stormLines
 	again.seen, again.carried = 2*stormLines+1, 2*stormLines+1
 	if _, ok := quietAt(again, time.Minute); ok {
 		t.Error("a storm that came back with one line watched as a storm")
@@ -715,9 +718,9 @@ func TestQuietAtCountsTheHandOffGrace(t *testing.T) {
 // trim keeps the oldest, and those in flight.
 func TestEndsKeepAtMostTheLimit(t *testing.T) {
 	var q ends
-	es := make([]*entry, 4)
+	es := make([]*stormEnd, 4)
 	for i := range es {
-		es[i] = &entry{end: &endSpec{message: fmt.Sprint(i)}}
+		es[i] = &stormEnd{message: fmt.Sprint(i)}
 		q.add(es[i], 3)
 	}
 	if len(q.list) != 3 || q.list[2] != es[2] {

@@ -227,12 +227,21 @@ func (m *model) stopConcurrent(stats *faultStats) error {
 // quietCheck waits until the pipeline is quiet (no line queued for the
 // scheduler, no request in flight, for a few polls in a row) and checks the contract then. A check that fails at
 // a moment that only looked quiet is tried again until the wait is over.
+//
+// Lines that come in a burst are taken in batches, with a pause of batchPause between them on
+// run's clock: while lines wait and nothing is on its way to the API, the clock moves by the
+// pause, as real time would, from run's goroutine, so that nothing is sent meanwhile.
 func (m *model) quietCheck() error {
 	deadline := time.Now().Add(10 * time.Second)
 	calm := 0
 	for {
 		quiet := len(m.p.listener.lines) == 0
-		m.inspect(func(s *scheduler) { quiet = quiet && len(s.flights) == 0 })
+		m.inspect(func(s *scheduler) {
+			quiet = quiet && len(s.flights) == 0
+			if len(s.flights) == 0 && len(m.p.listener.lines) > 0 {
+				m.tick(batchPause)
+			}
+		})
 		if quiet {
 			calm++
 		} else {
@@ -398,9 +407,9 @@ func watchPipelineOrder(p *pipeline) *pipelineOrder {
 		return reqs, wake
 	}
 	p.outcome = func(res result, now time.Time) {
-		if f := p.sched.flights[res.id]; f.e != nil && !f.read {
-			w.order.answered(f.e, res)
-			w.order.resumed(f.e, res)
+		if f := p.sched.flights[res.id]; f.j != nil && !f.read {
+			w.order.answered(f.j, res)
+			w.order.resumed(f.j, res)
 		}
 		p.sched.outcome(res, now)
 	}

@@ -20,14 +20,14 @@ type endWatch struct {
 	peak  map[*entry]int         // the most lines within a quiet the entry held
 	ended map[*entry]time.Time   // each storm's latest end
 	risen map[*entry]bool        // a quiet held 3 lines since the storm's latest end
-	seen  map[*entry]bool        // the ends looked at
+	seen  map[*stormEnd]bool     // the ends looked at
 	paced time.Duration          // the latest quiet that was on: flows count in it
 	ends  int
 }
 
 func newEndWatch() *endWatch {
 	return &endWatch{lines: map[*entry][]time.Time{}, peak: map[*entry]int{},
-		ended: map[*entry]time.Time{}, seen: map[*entry]bool{}, risen: map[*entry]bool{}}
+		ended: map[*entry]time.Time{}, seen: map[*stormEnd]bool{}, risen: map[*entry]bool{}}
 }
 
 // line records a line of e logged at at, with quiet in effect.
@@ -78,7 +78,7 @@ func (w *endWatch) check(s *scheduler) error {
 		if !ok || s.set.quiet <= 0 {
 			continue
 		}
-		at := end.end.at // its quiet is the one in effect: a flow of another waits for it
+		at := end.at // its quiet is the one in effect: a flow of another waits for it
 		thr := max(2, w.peak[storm]/100)
 		if n := w.within(storm, at.Add(-handOffGrace-s.set.quiet), at); n >= thr {
 			var ago []time.Duration
@@ -86,11 +86,11 @@ func (w *endWatch) check(s *scheduler) error {
 				ago = append(ago, at.Sub(l))
 			}
 			return fmt.Errorf("end %q decided with %d lines in the last quiet (%v), threshold %d;"+
-				" lines %v before it", end.end.message, n, s.set.quiet, thr, ago)
+				" lines %v before it", end.message, n, s.set.quiet, thr, ago)
 		}
 		if last, ok := w.ended[storm]; ok && !w.risen[storm] {
 			return fmt.Errorf("end %q decided with no quiet of 3 lines since the storm's last "+
-				"end at %v: no rise", end.end.message, last)
+				"end at %v: no rise", end.message, last)
 		}
 		w.risen[storm] = false
 		w.ended[storm] = at

@@ -264,8 +264,8 @@ func runFaultModel(seed uint64, stats *faultStats) (err error) {
 	m.h.s.rand = rand.New(rand.NewPCG(seed, 1))
 	m.h.got = func(res result, now time.Time) {
 		m.held.told(res, now)
-		if f := m.h.s.flights[res.id]; f.e != nil && !f.read && m.order != nil {
-			m.order.resumed(f.e, res)
+		if f := m.h.s.flights[res.id]; f.j != nil && !f.read && m.order != nil {
+			m.order.resumed(f.j, res)
 		}
 	}
 	m.h.handed = m.held.handed
@@ -519,8 +519,8 @@ func (m *model) check() error {
 			}
 		}
 		for _, f := range s.flights {
-			if f.e != nil && f.e.end == nil && !f.read {
-				doubt += float64(min(f.e.base+f.count-f.e.carried, f.e.pending()))
+			if e := f.j; e != nil && e.lines != nil && !f.read {
+				doubt += float64(min(e.lines.base+f.count-e.lines.carried, e.lines.pending()))
 			}
 		}
 		doubt += float64(s.doubtful)
@@ -642,17 +642,18 @@ func (m *model) checkBound() error {
 // nowhere: not in flight, in no queue, in no timer, not set aside for the
 // pod's read. It would never be written.
 func lostEntries(s *scheduler) error {
-	for _, e := range append(entriesOf(s), s.ends.list...) {
+	for _, e := range jobsOf(s) {
 		if e.slot.owner != nil && e.slot.owner.index < 0 {
-			return fmt.Errorf("%q waits in the queue of a plugin that has no turn", e.message)
+			return fmt.Errorf("%q waits in the queue of a plugin that has no turn", jobText(e))
 		}
-		if e.end == nil && (e.pending() == 0 || e.dropped > 0) || e.inflight != 0 || e.slot.in != nil {
+		l := e.lines
+		if l != nil && (l.pending() == 0 || l.dropped > 0) || e.inflight != 0 || e.slot.in != nil {
 			continue
 		}
 		if at := e.retryAt; s.stopping && (at.After(s.deadline) || e.asked.After(s.deadline)) {
 			continue // never sent again: dropped when the flush ends
 		}
-		return fmt.Errorf("%q has something to write and waits nowhere", e.message)
+		return fmt.Errorf("%q has something to write and waits nowhere", jobText(e))
 	}
 	return nil
 }
@@ -690,7 +691,7 @@ func (m *model) recovered(back time.Time) (err error) {
 			if e.pending() == 0 || e.dropped > 0 || e.inflight != 0 {
 				continue
 			}
-			b := bucketOf(e)
+			b := e.key.level
 			if tokens := s.buckets[b].wait(now) + s.fleet.wait(b, now); tokens == 0 {
 				err = fmt.Errorf("%v after the API came back, %q is pending with %d lines and a %s token; retry in %v, %d failures, pod read due %v",
 					m.clk.Since(back), e.key.message, e.pending(), bucketName(b), e.retryAt.Sub(now), e.failures, s.pod.nextTry.Sub(now))
@@ -700,7 +701,7 @@ func (m *model) recovered(back time.Time) (err error) {
 		for _, e := range s.ends.list {
 			if e.inflight == 0 && s.buckets[endBucket].wait(now)+s.fleet.wait(endBucket, now) == 0 {
 				err = fmt.Errorf("%v after the API came back, the end %q waits with an end token; retry in %v, %d failures",
-					m.clk.Since(back), e.end.message, e.retryAt.Sub(now), e.failures)
+					m.clk.Since(back), e.message, e.retryAt.Sub(now), e.failures)
 				return
 			}
 		}
@@ -731,7 +732,7 @@ func (m *model) stop() error {
 		return nil
 	}
 	for _, e := range pending {
-		b := bucketOf(e)
+		b := e.key.level
 		if e.dropped > 0 && m.h.s.buckets[b].wait(m.clk.Now())+m.h.s.fleet.wait(b, m.clk.Now()) == 0 {
 			return fmt.Errorf("%q was dropped at a healthy stop with a %s token left; entry %+v", e.key.message, bucketName(b), *e)
 		}
@@ -772,19 +773,21 @@ func (m *model) watchOrder() {
 	}
 	m.h.sent = func(r request, res result) {
 		f := m.h.s.flights[r.id]
-		if f.e == nil || f.read {
+		if f.j == nil || f.read {
 			return
 		}
-		m.order.answered(f.e, res)
+		m.order.answered(f.j, res)
+		e := f.j.lines // nil for an end
 		upTo := int64(-1)
 		switch {
+		case e == nil:
 		case res.outcome == writeOK:
-			upTo = f.e.base + f.count
+			upTo = e.base + f.count
 		case res.outcome == writeExists && f.retry:
-			upTo = f.e.triedCount
+			upTo = e.triedCount
 		}
 		for _, l := range m.firsts {
-			if l.e == f.e && l.landed.IsZero() && upTo >= l.n {
+			if e != nil && l.e == e && l.landed.IsZero() && upTo >= l.n {
 				l.landed = m.clk.Now()
 			}
 		}

@@ -45,11 +45,14 @@ func testConfig(levels levelSet, qps float64, burst, cache int) config {
 	return config{levels: levels, qps: qps, burst: burst, cacheSize: cache}
 }
 
-// newTestPipeline returns a pipeline on a fake API server and a fake clock,
-// not started: tests that run it as CoreDNS does call start.
-func newTestPipeline(t testing.TB, cfg config) (*pipeline, *fakeAPI, *clocktesting.FakeClock) {
+// newTestPipeline returns a pipeline on a fake API server, not started: tests that run it as
+// CoreDNS does call start. It runs in real time, as in CoreDNS: run waits on its clock (its
+// batch pause, its timer), so that a fake clock nobody moves would hold the lines forever. A
+// test that moves time itself drives the scheduler with a harness, or steps the clock as the
+// concurrent fault model does.
+func newTestPipeline(t testing.TB, cfg config) (*pipeline, *fakeAPI, clock.WithTicker) {
 	t.Helper()
-	clk := clocktesting.NewFakeClock(epoch)
+	clk := clock.RealClock{}
 	api := newFakeAPI(t, clk)
 	p := newPipeline(cfg, api.client, testPod(), clk)
 	t.Cleanup(p.cancel)

@@ -9,7 +9,6 @@ import (
 	"github.com/coredns/coredns/core/dnsserver"
 	clog "github.com/coredns/coredns/plugin/pkg/log"
 	"k8s.io/utils/clock"
-	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func newTestBroadcaster(t *testing.T) *broadcaster {
@@ -18,7 +17,7 @@ func newTestBroadcaster(t *testing.T) *broadcaster {
 	t.Setenv(envNamespace, testRef.Namespace)
 	t.Setenv(envPodUID, string(testRef.UID))
 	t.Setenv(envNodeName, testNode)
-	b := &broadcaster{clock: clocktesting.NewFakeClock(epoch)}
+	b := &broadcaster{clock: clock.RealClock{}} // as global's: the tests wait in real time
 	t.Cleanup(func() {
 		b.mu.Lock()
 		b.attached = nil

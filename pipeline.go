@@ -86,8 +86,7 @@ func (p *pipeline) run() {
 	defer close(p.done)
 	lines := (<-chan line)(p.listener.lines)
 	take := lines // nil while a batch pause lasts
-	var timer clock.Timer
-	var pause *time.Timer
+	var timer, pause clock.Timer
 	var wake, resume <-chan time.Time
 	var batch time.Time
 	for {
@@ -110,13 +109,17 @@ func (p *pipeline) run() {
 			}
 			// Lines more often than stormGap are taken in batches: a parked goroutine costs
 			// the listener a thread wake-up per line, one that takes no line for batchPause
-			// one per batch. No pause when lines wait; results and messages are taken
-			// meanwhile. The pause is of real time, as the wake-ups it saves are: everything
-			// run schedules is on the injected clock.
-			now := time.Now()
-			if taken < queueSize && now.Sub(batch) < stormGap {
-				pause = time.NewTimer(batchPause)
-				take, resume = nil, pause.C
+			// one per batch. No pause when lines wait, nor in the flush (stop); results and
+			// messages are taken meanwhile. Both are on the injected clock, as everything run
+			// waits for.
+			now := p.clock.Now()
+			if taken < queueSize && !p.sched.stopping && now.Sub(batch) < stormGap {
+				if pause == nil {
+					pause = p.clock.NewTimer(batchPause)
+				} else { // it fired, and was taken: one timer for every pause
+					pause.Reset(batchPause)
+				}
+				take, resume = nil, pause.C()
 			}
 			batch = now
 		case <-resume:
@@ -127,6 +130,12 @@ func (p *pipeline) run() {
 		case <-wake:
 		case m := <-p.inbox:
 			p.take(m, p.clock.Now())
+			if _, ok := m.(stopMsg); ok && pause != nil {
+				// The flush takes lines without pause: the listener is gone, so there is no
+				// wake-up to save, and the flush's time is short.
+				pause.Stop()
+				take, resume = lines, nil
+			}
 		}
 		if !dispatch {
 			continue
@@ -285,6 +294,8 @@ func (p *pipeline) deregister() {
 func (p *pipeline) stop(timeout time.Duration) {
 	p.stopOnce.Do(func() {
 		expired, said := make(chan struct{}), make(chan struct{})
+		// Real time on purpose, unlike run's waits: CoreDNS exits when stop returns, whatever
+		// the injected clock says.
 		expire := time.AfterFunc(timeout, func() {
 			close(expired)
 			p.cancel() // requests in flight end now

@@ -846,3 +846,55 @@ func TestRefusalSaidBeforeStopReturns(t *testing.T) {
 		t.Errorf("stop returned before the refusal was said; stderr: %q", w.String())
 	}
 }
+
+// TestBatchPauseIsOnTheInjectedClock: lines that come more often than stormGap are taken in
+// batches, batchPause apart on run's clock, not on the real one: with a fake clock, a line that
+// comes during the pause waits until the clock moves by batchPause, however long that takes in
+// real time; lines further apart than stormGap on that clock are taken with no pause. The
+// pause ends at stop, so that the flush takes every line.
+func TestBatchPauseIsOnTheInjectedClock(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	api := newFakeAPI(t, clk)
+	p := newPipeline(testConfig(levelsOf(levelError), 100, 100, 64), api.client, testPod(), clk)
+	t.Cleanup(p.cancel)
+	before := readLedger()
+	p.start()
+	// taken logs a line and waits until run has taken it: an inspect after it is served after it.
+	taken := func(text string) {
+		t.Helper()
+		p.listener.Errorf("plugin/errors: ", "%s", text)
+		deadline := time.Now().Add(10 * time.Second)
+		for len(p.listener.lines) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%q was never taken", text)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		done := make(chan struct{})
+		p.post(context.Background(), inspectMsg{look: func(*scheduler) {}, done: done})
+		<-done
+	}
+	taken("first")
+	clk.Step(2 * stormGap) // a batch of its own: no pause
+	taken("apart")
+	taken("close") // within stormGap of the one before on the clock: a pause begins
+	p.listener.Errorf("plugin/errors: ", "during the pause")
+	time.Sleep(100 * time.Millisecond) // a hundred pauses of real time
+	if n := len(p.listener.lines); n != 1 {
+		t.Fatalf("%d lines queued, want the one logged during the pause, still waiting", n)
+	}
+	clk.Step(batchPause)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(p.listener.lines) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the pause did not end when the clock moved by batchPause")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	taken("close again") // a pause again, which stop ends
+	p.listener.Errorf("plugin/errors: ", "at stop")
+	p.stop(time.Second)
+	if d := checkLedger(t, api, before, 0); d.pending != 0 || d.droppedAll() != 0 {
+		t.Errorf("pending %v, dropped %v: want every line written by the flush", d.pending, d.dropped)
+	}
+}

@@ -62,8 +62,8 @@ func sending(h *harness) string {
 	var last uint64
 	plugin := ""
 	for id, f := range h.s.flights {
-		if id > last && f.e != nil {
-			last, plugin = id, f.e.key.plugin
+		if id > last && f.j != nil {
+			last, plugin = id, f.j.key.plugin
 		}
 	}
 	return plugin

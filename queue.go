@@ -21,9 +21,9 @@ import (
 // Retry-After, quiet) are in the timers. Every choice is a heap operation. Owned by the
 // scheduler's goroutine.
 
-// slot is where an entry waits: one heap at a time, or none.
+// slot is where a job waits: one heap at a time, or none.
 type slot struct {
-	in       *entryHeap
+	in       *jobHeap
 	index    int
 	owner    *turnQueue    // of in, when in is a plugin's, a shape's or a member's
 	served   uint64        // the turn it was last served
@@ -34,24 +34,24 @@ type slot struct {
 	ownNever *list.Element // in its plugin's
 }
 
-// entryHeap is a heap of entries that know their place in it.
-type entryHeap struct {
-	es   []*entry
-	less func(a, b *entry) bool
+// jobHeap is a heap of jobs that know their place in it.
+type jobHeap struct {
+	es   []*job
+	less func(a, b *job) bool
 }
 
-func (h *entryHeap) Len() int           { return len(h.es) }
-func (h *entryHeap) Less(i, j int) bool { return h.less(h.es[i], h.es[j]) }
-func (h *entryHeap) Swap(i, j int) {
+func (h *jobHeap) Len() int           { return len(h.es) }
+func (h *jobHeap) Less(i, j int) bool { return h.less(h.es[i], h.es[j]) }
+func (h *jobHeap) Swap(i, j int) {
 	h.es[i], h.es[j] = h.es[j], h.es[i]
 	h.es[i].slot.index, h.es[j].slot.index = i, j
 }
-func (h *entryHeap) Push(x any) {
-	e := x.(*entry)
+func (h *jobHeap) Push(x any) {
+	e := x.(*job)
 	e.slot.in, e.slot.index = h, len(h.es)
 	h.es = append(h.es, e)
 }
-func (h *entryHeap) Pop() any {
+func (h *jobHeap) Pop() any {
 	n := len(h.es) - 1
 	e := h.es[n]
 	h.es[n], h.es = nil, h.es[:n]
@@ -59,8 +59,8 @@ func (h *entryHeap) Pop() any {
 	return e
 }
 
-func byStamp(a, b *entry) bool { return a.slot.stamp < b.slot.stamp }
-func byTime(a, b *entry) bool  { return a.slot.at.Before(b.slot.at) }
+func byStamp(a, b *job) bool { return a.slot.stamp < b.slot.stamp }
+func byTime(a, b *job) bool  { return a.slot.at.Before(b.slot.at) }
 
 // The depths of a turnQueue.
 const (
@@ -74,9 +74,9 @@ const (
 // keeps is apart, so that the queues of a shape and a member, one each for most events, are small.
 type turnQueue struct {
 	*pluginTurns            // of a plugin; nil below
-	settling     entryHeap  // of a plugin
-	updates      entryHeap  // of a shape
-	fresh        entryHeap  // of a member: its new events
+	settling     jobHeap    // of a plugin
+	updates      jobHeap    // of a shape
+	fresh        jobHeap    // of a member: its new events
 	depth        uint8      // depthPlugin, depthShape or depthMember
 	updateNext   bool       // of a shape
 	turns        turns      // of a plugin, its shapes waiting; of a shape, its members
@@ -124,8 +124,8 @@ func (t *turnQueue) empty() bool {
 	return t.settling.Len()+t.updates.Len()+t.fresh.Len()+len(t.turns) == 0
 }
 
-// head is the entry t sends next.
-func (t *turnQueue) head() *entry {
+// head is the job t sends next.
+func (t *turnQueue) head() *job {
 	switch {
 	case t.settling.Len() > 0:
 		return t.settling.es[0]
@@ -156,7 +156,7 @@ func (t *turns) Pop() any {
 
 // tokenQueue is the order of one bucket's entries.
 type tokenQueue struct {
-	first     entryHeap // in the flush, the re-creates
+	first     jobHeap // in the flush, the re-creates
 	plugins   map[string]*turnQueue
 	turns     turns
 	turn      uint64
@@ -168,14 +168,14 @@ type tokenQueue struct {
 }
 
 func newTokenQueue() *tokenQueue {
-	return &tokenQueue{first: entryHeap{less: byStamp}, plugins: map[string]*turnQueue{},
+	return &tokenQueue{first: jobHeap{less: byStamp}, plugins: map[string]*turnQueue{},
 		flying: map[string]int{}}
 }
 
-// head is the entry that takes the bucket's next token; nil when none waits. With capped, the
+// head is the job that takes the bucket's next token; nil when none waits. With capped, the
 // bucket's requests in flight are at their cap: the first plugin with none out goes, the others
 // wait for an answer. Plugins are few: those of the Corefile.
-func (q *tokenQueue) head(capped bool) *entry {
+func (q *tokenQueue) head(capped bool) *job {
 	if q.first.Len() > 0 && (!capped || q.flying[q.first.es[0].key.plugin] == 0) {
 		return q.first.es[0]
 	}
@@ -237,12 +237,13 @@ func (q *tokenQueue) change(p *turnQueue) {
 }
 
 // pushFirst queues e before the plugins' turns, behind those that began to wait before it.
-func (q *tokenQueue) pushFirst(e *entry) { heap.Push(&q.first, e) }
+func (q *tokenQueue) pushFirst(e *job) { heap.Push(&q.first, e) }
 
 // push queues e, settling or not, behind those that began to wait before it.
 // A shape or a member that waits again takes the place of its entry served last.
 // A re-create goes with the entries settling: it is its patch's write continued.
-func (q *tokenQueue) push(e *entry, settling bool) {
+// An end is a new event of its storm's shape and member.
+func (q *tokenQueue) push(e *job, settling bool) {
 	p := q.plugin(e.key.plugin)
 	if settling || e.slot.recreate {
 		if e.slot.recreate {
@@ -251,12 +252,15 @@ func (q *tokenQueue) push(e *entry, settling bool) {
 		q.into(&p.settling, p, e)
 		return
 	}
-	k, m := e.key.shape, e.key.member
-	switch {
-	case e.group != nil: // the cache knows its shape and member
-		k, m = e.group.key.shape, e.group.key.member
+	k, m, written := e.key.shape, e.key.member, false
+	switch l := e.lines; {
+	case l != nil && l.group != nil: // the cache knows its shape and member
+		k, m = l.group.key.shape, l.group.key.member
 	case !e.key.combined():
 		k = shapeHash(strings.TrimPrefix(e.key.message, e.key.plugin))
+	}
+	if e.lines != nil {
+		written = e.lines.carried != 0
 	}
 	sh := p.shapes[k]
 	if sh == nil {
@@ -264,7 +268,7 @@ func (q *tokenQueue) push(e *entry, settling bool) {
 		sh.shape = k
 		p.shapes[k] = sh
 	}
-	if e.carried != 0 && !e.slot.recreate {
+	if written && !e.slot.recreate {
 		q.into(&sh.updates, sh, e)
 		return
 	}
@@ -295,7 +299,7 @@ func (q *tokenQueue) resume(e *entry) {
 }
 
 // into pushes e in h, of t, and t and those above it in their turns if they were not.
-func (q *tokenQueue) into(h *entryHeap, t *turnQueue, e *entry) {
+func (q *tokenQueue) into(h *jobHeap, t *turnQueue, e *job) {
 	heap.Push(h, e)
 	e.slot.owner = t
 	for ; t != nil && t.index < 0; t = t.parent {
@@ -308,7 +312,7 @@ func (q *tokenQueue) into(h *entryHeap, t *turnQueue, e *entry) {
 	}
 }
 
-func (q *tokenQueue) remove(e *entry) {
+func (q *tokenQueue) remove(e *job) {
 	t := e.slot.owner
 	if e.slot.recreate && t != nil && e.slot.in == &t.settling {
 		q.recreating--
@@ -332,7 +336,7 @@ func (q *tokenQueue) remove(e *entry) {
 // comes again after every other member of its shape waiting, its shape's after every other shape
 // of its plugin waiting, and its plugin's after every other plugin waiting. A turn is the id of
 // its request, on the count of the stamps at which entries begin to wait: the two compare.
-func (q *tokenQueue) served(e *entry, id uint64) {
+func (q *tokenQueue) served(e *job, id uint64) {
 	t := e.slot.owner
 	if t != nil {
 		q.turn = id

@@ -38,7 +38,7 @@ import (
 // waited, untouched, since its latest serve.
 type tokenOrder struct {
 	buckets [numBuckets]*orderBucket
-	gone    map[*entry]bool // entries whose patch found the event gone, until served
+	gone    map[*job]bool // entries whose patch found the event gone, until served
 }
 
 type orderBucket struct {
@@ -55,12 +55,12 @@ type shapeID struct {
 // shapeTurn is the record of a shape's latest serve.
 type shapeTurn struct {
 	turn  uint64
-	fresh bool             // it served a new event
-	left  map[*entry]int64 // the entries of the shape left waiting, with their lines then
+	fresh bool           // it served a new event
+	left  map[*job]int64 // the jobs of the shape left waiting, with their lines then
 }
 
 func newTokenOrder() *tokenOrder {
-	o := &tokenOrder{gone: map[*entry]bool{}}
+	o := &tokenOrder{gone: map[*job]bool{}}
 	for b := range o.buckets {
 		o.buckets[b] = &orderBucket{plugins: map[string]uint64{}, shapes: map[shapeID]*shapeTurn{}}
 	}
@@ -68,7 +68,7 @@ func newTokenOrder() *tokenOrder {
 }
 
 // answered takes the answer to the request of e.
-func (o *tokenOrder) answered(e *entry, res result) {
+func (o *tokenOrder) answered(e *job, res result) {
 	if e != nil && res.outcome == writeGone {
 		o.gone[e] = true
 	}
@@ -76,7 +76,7 @@ func (o *tokenOrder) answered(e *entry, res result) {
 
 // resumed takes the answer to the request of e as the scheduler gets it: a plugin whose patch
 // found its event gone takes back the turn it had when e began to wait.
-func (o *tokenOrder) resumed(e *entry, res result) {
+func (o *tokenOrder) resumed(e *job, res result) {
 	if e == nil || res.outcome != writeGone {
 		return
 	}
@@ -99,7 +99,7 @@ func (o *tokenOrder) reloaded() {
 // order they were handed out. What waited when it began is what waits
 // after it and what it served.
 func (o *tokenOrder) dispatch(s *scheduler, now time.Time) ([]request, time.Time, error) {
-	inFlush := map[*entry]bool{} // in the flush, a re-create waits with the entries settling
+	inFlush := map[*job]bool{} // in the flush, a re-create waits with the entries settling
 	for e := range o.gone {
 		if s.stopping && (e.slot.in == &s.queues[bucketOf(e)].first || e.slot.in == &s.timers) {
 			inFlush[e] = true
@@ -109,32 +109,32 @@ func (o *tokenOrder) dispatch(s *scheduler, now time.Time) ([]request, time.Time
 	return reqs, wake, o.dispatched(s, reqs, inFlush)
 }
 
-func (o *tokenOrder) dispatched(s *scheduler, reqs []request, inFlush map[*entry]bool) error {
-	var waiting [numBuckets][]*entry
-	for _, e := range append(entriesOf(s), s.ends.list...) {
+func (o *tokenOrder) dispatched(s *scheduler, reqs []request, inFlush map[*job]bool) error {
+	var waiting [numBuckets][]*job
+	for _, e := range jobsOf(s) {
 		if e.slot.in != nil && e.slot.in != &s.timers {
 			waiting[bucketOf(e)] = append(waiting[bucketOf(e)], e)
 		}
 	}
 	for _, r := range reqs {
-		if f := s.flights[r.id]; f.e != nil && !f.read {
-			waiting[f.bucket] = append(waiting[f.bucket], f.e)
+		if f := s.flights[r.id]; f.j != nil && !f.read {
+			waiting[f.bucket] = append(waiting[f.bucket], f.j)
 		}
 	}
 	view := &orderView{gone: o.gone, inFlush: inFlush, s: s}
 	for _, r := range reqs {
 		f := s.flights[r.id]
-		if f.e == nil || f.read {
+		if f.j == nil || f.read {
 			continue
 		}
 		w := waiting[f.bucket]
 		view.bucket = f.bucket
-		if err := o.buckets[f.bucket].served(f.e, w, view, r.id); err != nil {
+		if err := o.buckets[f.bucket].served(f.j, w, view, r.id); err != nil {
 			return fmt.Errorf("%s bucket, turn %d: %w", bucketName(f.bucket), o.buckets[f.bucket].turn, err)
 		}
-		delete(o.gone, f.e)
+		delete(o.gone, f.j)
 		for i, x := range w {
-			if x == f.e {
+			if x == f.j {
 				waiting[f.bucket] = append(w[:i:i], w[i+1:]...)
 				break
 			}
@@ -145,25 +145,25 @@ func (o *tokenOrder) dispatched(s *scheduler, reqs []request, inFlush map[*entry
 
 // orderView is what the reference reads of the scheduler at a dispatch.
 type orderView struct {
-	gone, inFlush map[*entry]bool
+	gone, inFlush map[*job]bool
 	s             *scheduler
 	bucket        level
 }
 
-func (v *orderView) first(e *entry) bool { return v.inFlush[e] }
+func (v *orderView) first(e *job) bool { return v.inFlush[e] }
 
 // settling tells that e goes first within its plugin: it settles, or, outside the flush, it is
 // a re-create.
-func (v *orderView) settling(e *entry) bool {
-	_, ok := v.s.settling[e]
+func (v *orderView) settling(e *job) bool {
+	_, ok := v.s.settling[e.lines]
 	return (ok || v.gone[e]) && !v.inFlush[e]
 }
 
 // out tells that e's plugin has a request of its bucket in flight: with the
 // bucket's requests at their cap, it waits for an answer, and may be passed.
-func (v *orderView) out(e *entry) bool {
+func (v *orderView) out(e *job) bool {
 	for _, f := range v.s.flights {
-		if f.bucket == v.bucket && f.e != nil && f.e != e && f.e.key.plugin == e.key.plugin {
+		if f.bucket == v.bucket && f.j != nil && f.j != e && f.j.key.plugin == e.key.plugin {
 			return true
 		}
 	}
@@ -171,7 +171,7 @@ func (v *orderView) out(e *entry) bool {
 }
 
 // turnShape is the shape of an entry's line, or a combined event's shape.
-func turnShape(e *entry) shapeID {
+func turnShape(e *job) shapeID {
 	if e.key.combined() {
 		return shapeID{e.key.plugin, e.key.shape}
 	}
@@ -179,33 +179,61 @@ func turnShape(e *entry) shapeID {
 }
 
 // turnMember is the member of an entry's new events: the name its line is about.
-func turnMember(e *entry) string {
-	if e.group != nil {
-		return e.group.key.member
+func turnMember(e *job) string {
+	if e.lines != nil && e.lines.group != nil {
+		return e.lines.group.key.member
 	}
 	return e.key.member
+}
+
+// jobsOf lists the jobs of s: of its entries, cached or settling, and of its ends.
+func jobsOf(s *scheduler) []*job {
+	var js []*job
+	for _, e := range entriesOf(s) {
+		js = append(js, &e.job)
+	}
+	for _, e := range s.ends.list {
+		js = append(js, &e.job)
+	}
+	return js
+}
+
+// jobText is what a job's event says: its latest line, or its end's message.
+func jobText(j *job) string {
+	if j.end != nil {
+		return j.end.message
+	}
+	return j.lines.message
+}
+
+// jobSeen is the lines of a job's event; none for an end.
+func jobSeen(j *job) int64 {
+	if j.lines == nil {
+		return 0
+	}
+	return j.lines.seen
 }
 
 // served checks that e may take the token of the request id while the
 // entries w wait, e among them, and records it. In the flush, the
 // re-creates (first) go before any other; an entry settling, or a
 // re-create outside the flush, goes first within its plugin.
-func (b *orderBucket) served(e *entry, w []*entry, o *orderView, id uint64) error {
-	fresh := func(x *entry) bool { return x.carried == 0 || o.gone[x] }
+func (b *orderBucket) served(e *job, w []*job, o *orderView, id uint64) error {
+	fresh := func(x *job) bool { return x.lines == nil || x.lines.carried == 0 || o.gone[x] }
 	if o.first(e) {
 		for _, x := range w {
 			if o.first(x) && x.slot.stamp < e.slot.stamp {
-				return fmt.Errorf("re-create %q went before re-create %q, which waited longer", e.message, x.message)
+				return fmt.Errorf("re-create %q went before re-create %q, which waited longer", jobText(e), jobText(x))
 			}
 		}
 		return nil
 	}
 	for _, x := range w {
 		if o.first(x) && !o.out(x) {
-			return fmt.Errorf("%q went before %q, a re-create in the flush", e.message, x.message)
+			return fmt.Errorf("%q went before %q, a re-create in the flush", jobText(e), jobText(x))
 		}
 		if x.key.plugin == e.key.plugin && o.settling(x) && (!o.settling(e) || x.slot.stamp < e.slot.stamp) {
-			return fmt.Errorf("%q went before %q, settling, of its plugin", e.message, x.message)
+			return fmt.Errorf("%q went before %q, settling, of its plugin", jobText(e), jobText(x))
 		}
 		if x.key.plugin != e.key.plugin && b.plugins[x.key.plugin] < b.plugins[e.key.plugin] && !o.out(x) {
 			return fmt.Errorf("plugin %q (served at turn %d) went before plugin %q (turn %d), which waits", e.key.plugin, b.plugins[e.key.plugin], x.key.plugin, b.plugins[x.key.plugin])
@@ -227,7 +255,7 @@ func (b *orderBucket) served(e *entry, w []*entry, o *orderView, id uint64) erro
 	}
 	unbroken := false // the shape has waited without a break since its latest serve
 	for _, x := range w {
-		if n, ok := st.left[x]; ok && x.seen == n && !o.settling(x) {
+		if n, ok := st.left[x]; ok && jobSeen(x) == n && !o.settling(x) {
 			unbroken = true
 		}
 	}
@@ -238,11 +266,11 @@ func (b *orderBucket) served(e *entry, w []*entry, o *orderView, id uint64) erro
 		case x.key.plugin != p:
 		case xs != sh:
 			if other := b.shapes[xs]; unbroken && (other == nil || other.turn < st.turn) {
-				return fmt.Errorf("a shape of %q served at turn %d went again before another of its shapes, which waits (%q)", p, st.turn, x.message)
+				return fmt.Errorf("a shape of %q served at turn %d went again before another of its shapes, which waits (%q)", p, st.turn, jobText(x))
 			}
 		case fresh(x) == fresh(e) && x.slot.stamp < e.slot.stamp &&
 			(!fresh(e) || turnMember(x) == turnMember(e)):
-			return fmt.Errorf("%q went before %q of its shape and kind, which began to wait first", e.message, x.message)
+			return fmt.Errorf("%q went before %q of its shape and kind, which began to wait first", jobText(e), jobText(x))
 		case fresh(x):
 			news++
 		default:
@@ -257,17 +285,17 @@ func (b *orderBucket) served(e *entry, w []*entry, o *orderView, id uint64) erro
 	if news > 0 && updates > 0 {
 		switch {
 		case !st.fresh && !fresh(e):
-			return fmt.Errorf("update %q went before a new event of its shape, which last served an update", e.message)
+			return fmt.Errorf("update %q went before a new event of its shape, which last served an update", jobText(e))
 		case st.fresh && unbroken && fresh(e):
-			return fmt.Errorf("new %q went right after a new event of its shape, while an update waited", e.message)
+			return fmt.Errorf("new %q went right after a new event of its shape, while an update waited", jobText(e))
 		}
 	}
 	b.turn = id
 	b.plugins[p] = b.turn
-	st.turn, st.fresh, st.left = b.turn, fresh(e), map[*entry]int64{}
+	st.turn, st.fresh, st.left = b.turn, fresh(e), map[*job]int64{}
 	for _, x := range w {
 		if x != e && turnShape(x) == sh {
-			st.left[x] = x.seen
+			st.left[x] = jobSeen(x)
 		}
 	}
 	return nil

@@ -33,7 +33,7 @@ const (
 
 // flight is what the scheduler keeps of a request in flight.
 type flight struct {
-	e      *entry // nil for a fatal line's create
+	j      *job // nil for a fatal line's create
 	bucket level
 	verb   verb
 	name   string // of the event written
@@ -44,21 +44,44 @@ type flight struct {
 	fleet  bool   // a read of the workload, made for a write (fleet.go)
 }
 
-// writeState is what the scheduler keeps of the writes of an entry: the object it wrote, a
-// create in doubt, the backoff, the request in flight.
-type writeState struct {
-	name       string // the Event object's name once created
-	tried      string // the name of a create that reached the API and got no answer
-	triedCount int64  // the lines that create carried, from the event's first
+// job is what waits for a token or a time and is written: the lines of an event (an entry,
+// correlator.go) or the end of a storm (a stormEnd, end.go). Each embeds its job, made with it:
+// the queues and the timers hold jobs, and a job points back to what embeds it, so that the
+// scheduler serves both kinds with no union on either and no interface call.
+type job struct {
+	key eventKey
+	writeState
+	slot  slot      // where it waits for a token or a time (queue.go)
+	lines *entry    // the entry that embeds it; nil in an end's
+	end   *stormEnd // the end that embeds it; nil in an entry's
+}
 
-	// doubt is the count of the latest write that reached the API and got
-	// no answer; zero once a later answer settled it.
-	doubt    int64
+// writeState is what the scheduler keeps of the writes of a job: a create in doubt, the backoff,
+// the request in flight.
+type writeState struct {
+	tried    string    // the name of a create that reached the API and got no answer
 	failures int       // consecutive failed writes, for the backoff
 	retryAt  time.Time // no attempt before this: a backoff, a pause after a refusal
 	asked    time.Time // no attempt before this, even at shutdown: the latest Retry-After
 	inflight uint64    // the request in flight for it, 0 when none
 	deferred bool      // found its bucket empty since its latest request
+}
+
+// objectState is what the scheduler keeps of the object of an event's lines, beside its
+// writeState: an end is created once, and has none.
+type objectState struct {
+	name       string // the Event object's name once created
+	triedCount int64  // the lines the create in tried carried, from the event's first
+	// doubt is the count of the latest write that reached the API and got
+	// no answer; zero once a later answer settled it.
+	doubt int64
+}
+
+// newEntry is the entry of a new event of key, whose first line is at first.
+func newEntry(key eventKey, first time.Time) *entry {
+	e := &entry{job: job{key: key}, first: first}
+	e.lines = e
+	return e
 }
 
 type scheduler struct {
@@ -69,7 +92,7 @@ type scheduler struct {
 	buckets  [numBuckets]*bucket
 	queues   [numBuckets]*tokenQueue // who takes each bucket's next token (queue.go)
 	// entries waiting for a time: a backoff, a Retry-After, a quiet
-	timers   entryHeap
+	timers   jobHeap
 	now      time.Time // of the message being handled
 	flights  map[uint64]flight
 	lastID   uint64
@@ -96,7 +119,7 @@ func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
 	s := &scheduler{
 		set:        set,
 		settling:   map[*entry]struct{}{},
-		timers:     entryHeap{less: byTime},
+		timers:     jobHeap{less: byTime},
 		now:        now,
 		flights:    map[uint64]flight{},
 		pod:        pod,
@@ -131,9 +154,9 @@ func (s *scheduler) observe(ln line) bool {
 	if in := e.slot.in; in != nil && in != &s.timers {
 		// Waiting for a token: its place is by when it began to wait, which
 		// a line does not change, but its bucket may be empty by now.
-		s.deferred(e, bucketOf(e))
+		s.deferred(&e.job, e.key.level)
 	} else {
-		s.place(e)
+		s.place(&e.job)
 	}
 	settled := s.settled
 	s.settled = false
@@ -152,7 +175,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 	s.corr.quiet = set.quiet
 	if set.quiet > 0 { // storms left unwatched while quiet was off are watched again
 		for _, e := range s.corr.cache.values() {
-			s.place(e)
+			s.place(&e.job)
 		}
 	}
 	oldest := func(a, b *entry) int {
@@ -165,7 +188,7 @@ func (s *scheduler) apply(set config, now time.Time) {
 		// one in flight may land with every line: retire decides once it is back
 		if e.inflight == 0 {
 			delete(s.settling, e)
-			s.unqueue(e)
+			s.unqueue(&e.job)
 			s.drop(e, dropEvicted)
 		}
 	}
@@ -185,13 +208,13 @@ func (s *scheduler) giveWay() bool {
 	}
 	if oldest != nil {
 		delete(s.settling, oldest)
-		s.unqueue(oldest)
+		s.unqueue(&oldest.job)
 		s.drop(oldest, dropEvicted)
 		return true
 	}
 	for _, e := range slices.Backward(s.ends.list) {
 		if e.inflight == 0 { // the newest: the oldest ends are kept, as trim keeps them
-			s.unqueue(e)
+			s.unqueue(&e.job)
 			s.ends.remove(e)
 			forgotten[e.key.level].Inc()
 			return true
@@ -205,7 +228,7 @@ func (s *scheduler) trimEnds() {
 	limit := s.endLimit()
 	for _, e := range s.ends.list[min(limit, len(s.ends.list)):] {
 		if e.inflight == 0 {
-			s.unqueue(e)
+			s.unqueue(&e.job)
 			forgotten[e.key.level].Inc()
 		}
 	}
@@ -230,7 +253,7 @@ func (s *scheduler) stop(now time.Time, timeout time.Duration) {
 	}
 	for _, e := range append(s.corr.cache.values(), slices.Collect(maps.Keys(s.settling))...) {
 		if e.slot.recreate && e.slot.in != nil && e.slot.in != &s.timers {
-			s.place(e) // a re-create found gone before the flush goes first in it too
+			s.place(&e.job) // a re-create found gone before the flush goes first in it too
 		}
 	}
 }
@@ -301,7 +324,7 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			break
 		}
 		read := false // a create first waits for, or makes, the read of the pod
-		if e.end != nil || e.name == "" {
+		if e.lines == nil || e.lines.name == "" {
 			w, must := s.pod.readDue(now, s.stopping)
 			if must && w != 0 { // the bucket waits: until the read is written no event is
 				if w > 0 {
@@ -377,7 +400,7 @@ func (s *scheduler) fleetReadable(due bool, now time.Time) bool {
 
 // holding tells that, in the flush, bucket b's last token waits for a patch in flight (for at most
 // its time-out): should the event be gone, its re-create takes it, not e, which came after.
-func (s *scheduler) holding(b level, e *entry, now time.Time) bool {
+func (s *scheduler) holding(b level, e *job, now time.Time) bool {
 	if !s.stopping || e.slot.recreate || !s.buckets[b].last(now) {
 		return false
 	}
@@ -443,13 +466,13 @@ func (s *scheduler) since(f *list.Element) int64 {
 
 // place puts e where it waits now: in its bucket's queue, in the timers,
 // or nowhere when it has nothing to do. A storm whose quiet is up ends.
-func (s *scheduler) place(e *entry) {
+func (s *scheduler) place(e *job) {
 	s.unqueue(e)
 	if e.inflight != 0 {
 		return
 	}
-	if e.end == nil && (e.pending() == 0 || e.dropped > 0) {
-		s.watch(e)
+	if l := e.lines; l != nil && (l.pending() == 0 || l.dropped > 0) {
+		s.watch(l)
 		return
 	}
 	at := slices.MaxFunc([]time.Time{e.retryAt, e.asked}, time.Time.Compare)
@@ -460,8 +483,8 @@ func (s *scheduler) place(e *entry) {
 	default:
 		if e.slot.stamp == 0 {
 			e.slot.stamp = s.nextID() // increasing, as stamps must be
-			if e.carried == 0 && e.end == nil {
-				s.queues[e.key.level].neverWritten(e)
+			if l := e.lines; l != nil && l.carried == 0 {
+				s.queues[e.key.level].neverWritten(l)
 			}
 		}
 		s.queue(e)
@@ -470,12 +493,15 @@ func (s *scheduler) place(e *entry) {
 
 // queue puts e, due now, in its bucket's queue: in the flush, a re-create goes first, before
 // the events seen after it; an entry settling first within its plugin.
-func (s *scheduler) queue(e *entry) {
+func (s *scheduler) queue(e *job) {
 	q := s.queues[bucketOf(e)]
 	if s.stopping && e.slot.recreate {
 		q.pushFirst(e)
 	} else {
-		_, settling := s.settling[e]
+		settling := false
+		if e.lines != nil {
+			_, settling = s.settling[e.lines]
+		}
 		q.push(e, settling)
 	}
 	s.deferred(e, bucketOf(e))
@@ -487,9 +513,9 @@ func (s *scheduler) watch(e *entry) {
 	switch {
 	case !ok:
 	case at.After(s.now):
-		s.wait(e, at)
+		s.wait(&e.job, at)
 	case s.backlog() > 0 && s.observed.Before(at.Add(-handOffGrace)):
-		s.wait(e, s.now.Add(handOffWait)) // a line of before the quiet may be on its way
+		s.wait(&e.job, s.now.Add(handOffWait)) // a line of before the quiet may be on its way
 	default:
 		n := len(s.ends.list)
 		end := endOf(e, s.now)
@@ -499,15 +525,18 @@ func (s *scheduler) watch(e *entry) {
 		}
 		s.ends.add(end, s.endLimit())
 		if len(s.ends.list) > n {
-			s.place(s.ends.list[n])
+			s.place(&s.ends.list[n].job)
 		}
 	}
 }
 
-func (s *scheduler) wait(e *entry, at time.Time) { e.slot.at = at; heap.Push(&s.timers, e) }
+func (s *scheduler) wait(e *job, at time.Time) {
+	e.slot.at = at
+	heap.Push(&s.timers, e)
+}
 
 // unqueue takes e out of the heap it waits in, if any.
-func (s *scheduler) unqueue(e *entry) {
+func (s *scheduler) unqueue(e *job) {
 	switch {
 	case e.slot.in == nil:
 	case e.slot.in == &s.timers:
@@ -517,17 +546,20 @@ func (s *scheduler) unqueue(e *entry) {
 	}
 }
 
-func bucketOf(e *entry) level {
-	if e.end != nil {
+func bucketOf(e *job) level {
+	if e.lines == nil {
 		return endBucket
 	}
 	return e.key.level
 }
 
-func (s *scheduler) nextID() uint64 { s.lastID++; return s.lastID }
+func (s *scheduler) nextID() uint64 {
+	s.lastID++
+	return s.lastID
+}
 
-// deferred counts an event whose bucket b is empty now, once until its next request.
-func (s *scheduler) deferred(e *entry, b level) {
+// deferred counts a job whose bucket b is empty now, once until its next request.
+func (s *scheduler) deferred(e *job, b level) {
 	if e.deferred || s.buckets[b].wait(s.now) == 0 {
 		return
 	}
@@ -540,20 +572,21 @@ func (s *scheduler) deferred(e *entry, b level) {
 }
 
 // prepare makes the request that writes e, with the token id of bucket b.
-func (s *scheduler) prepare(e *entry, id uint64, b level, now time.Time) request {
-	f := flight{e: e, bucket: b}
+func (s *scheduler) prepare(e *job, id uint64, b level, now time.Time) request {
+	f := flight{j: e, bucket: b}
 	var spec writeSpec
-	if e.end != nil {
-		spec = writeSpec{key: e.key, message: e.end.message, count: 1, first: e.end.at,
-			last: e.end.at, end: true}
+	if end := e.end; end != nil {
+		spec = writeSpec{key: e.key, message: end.message, count: 1, first: end.at,
+			last: end.at, end: true}
 	} else {
+		l := e.lines
 		// An event's count is an int32: lines past it go to a new object.
-		f.count = e.seen - e.base
+		f.count = l.seen - l.base
 		if f.full = f.count >= math.MaxInt32; f.full {
 			f.count = math.MaxInt32
 		}
-		spec = writeSpec{key: e.key, message: e.note(), count: f.count, first: e.first,
-			last: e.stamped, name: e.name}
+		spec = writeSpec{key: e.key, message: l.note(), count: f.count, first: l.first,
+			last: l.stamped, name: l.name}
 	}
 	e.inflight, e.deferred = id, false
 	ns := s.pod.namespace()
@@ -610,10 +643,10 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	case res.err == nil || code != 0: // answered, within the server's budget
 		s.push.succeeded()
 	}
-	if q := s.queues[f.bucket]; f.e != nil { // its plugin has one fewer out
-		f.e.inflight = 0
-		if q.flying[f.e.key.plugin]--; q.flying[f.e.key.plugin] <= 0 {
-			delete(q.flying, f.e.key.plugin)
+	if q := s.queues[f.bucket]; f.j != nil { // its plugin has one fewer out
+		f.j.inflight = 0
+		if q.flying[f.j.key.plugin]--; q.flying[f.j.key.plugin] <= 0 {
+			delete(q.flying, f.j.key.plugin)
 		}
 	}
 	switch {
@@ -623,7 +656,7 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	case f.fleet:
 		countAnswer(res, "")
 		s.report(now, s.fleet.readDone(f.verb, res, now, s.rand))
-	case f.e == nil: // a fatal line's: its caller keeps its account
+	case f.j == nil: // a fatal line's: its caller keeps its account
 		if res.unsure {
 			s.doubtful++
 		}
@@ -631,12 +664,12 @@ func (s *scheduler) outcome(res result, now time.Time) {
 		if res.err == nil {
 			eventWrites.WithLabelValues(levelFatal.reason(), "create").Inc()
 		}
-	case f.e.end != nil:
-		s.endDone(f.e, f, res, now)
+	case f.j.end != nil:
+		s.endDone(f.j.end, f, res, now)
 	default:
-		s.linesDone(f.e, f, res, now)
-		s.corr.cache.place(f.e, false)
-		s.retire(f.e)
+		s.linesDone(f.j.lines, f, res, now)
+		s.corr.cache.place(f.j.lines, false)
+		s.retire(f.j.lines)
 	}
 }
 
@@ -657,7 +690,7 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 	case writeGone: // the event expired or was deleted: create it anew, in the patch's turn
 		e.name, e.doubt, expected = "", 0, "gone"
 		e.slot.recreate = true
-		s.queues[bucketOf(e)].resume(e)
+		s.queues[e.key.level].resume(e)
 	case writeExists:
 		if f.retry { // a create that got no answer had been applied: patch it
 			// the least it holds: an unanswered retry may have been the one applied
@@ -681,7 +714,7 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 				e.tried, e.triedCount = f.name, e.doubt
 			}
 		}
-		s.failed(e, res, now)
+		s.failed(&e.job, res, now)
 	}
 	if e.carried > 0 {
 		s.forget(e)
@@ -690,7 +723,7 @@ func (s *scheduler) linesDone(e *entry, f flight, res result, now time.Time) {
 }
 
 // endDone books the result of a write of an end.
-func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
+func (s *scheduler) endDone(e *stormEnd, f flight, res result, now time.Time) {
 	expected, waits := "", false
 	switch {
 	case res.outcome == writeExists && !f.retry: // the name is another's: take a new one
@@ -700,7 +733,7 @@ func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
 			expected = "exists" // written by an earlier try
 		}
 		s.ends.remove(e)
-		e.name, e.tried = f.name, ""
+		e.tried = ""
 		eventWrites.WithLabelValues(endReason(e.key.level), "create").Inc()
 		ended[e.key.level].Inc()
 	case res.outcome == writeRefused: // said once in the log; the end is given up
@@ -710,19 +743,19 @@ func (s *scheduler) endDone(e *entry, f flight, res result, now time.Time) {
 		if res.unsure {
 			e.tried = f.name // it may have been applied: retry under the same name
 		}
-		s.failed(e, res, now)
+		s.failed(&e.job, res, now)
 		waits = true
 	}
 	countAnswer(res, expected)
 	if waits {
-		s.place(e)
+		s.place(&e.job)
 	}
 	// A reload during the request may have turned quiet off or shrunk the cache: trim again.
 	s.trimEnds()
 }
 
 // failed books a write a retry may pass: after a backoff or the flush's pause, and any Retry-After.
-func (s *scheduler) failed(e *entry, res result, now time.Time) {
+func (s *scheduler) failed(e *job, res result, now time.Time) {
 	e.asked = now.Add(res.retryAfter)
 	e.failures++
 	if s.stopping {
@@ -749,7 +782,7 @@ func (s *scheduler) evicted(e *entry) {
 // until one more write settles what the API holds.
 func (s *scheduler) retire(e *entry) {
 	if !e.evicted || e.inflight != 0 {
-		s.place(e)
+		s.place(&e.job)
 		return
 	}
 	if e.doubt > 0 && e.pending() > 0 {
@@ -765,12 +798,12 @@ func (s *scheduler) retire(e *entry) {
 			!ok && units < s.set.cacheSize {
 			s.settling[e] = struct{}{}
 			s.settled = true
-			s.place(e)
+			s.place(&e.job)
 			return
 		}
 	}
 	delete(s.settling, e)
-	s.unqueue(e)
+	s.unqueue(&e.job)
 	s.drop(e, dropEvicted)
 }
 

@@ -746,7 +746,8 @@ func TestDoubtOfDroppedLines(t *testing.T) {
 		{seen: 6, carried: 2, doubt: 0, want: 0}, // every write answered
 		{seen: 3, carried: 1, doubt: 6, want: 2}, // no more than were pending
 	} {
-		e := &entry{tally: tally{seen: tt.seen, carried: tt.carried}, writeState: writeState{doubt: tt.doubt}}
+		e := newEntry(eventKey{}, time.Time{})
+		e.tally, e.doubt = tally{seen: tt.seen, carried: tt.carried}, tt.doubt
 		pendingLines.Add(float64(e.pending()))
 		before := h.s.doubtful
 		h.s.drop(e, dropEvicted)
@@ -1093,7 +1094,7 @@ func BenchmarkSchedulingPass(b *testing.B) {
 				}
 				f := s.flights[reqs[0].id]
 				s.outcome(result{id: reqs[0].id, outcome: writeOK, reached: true}, now)
-				s.observe(line{level: levelError, plugin: f.e.key.plugin, text: f.e.message, at: now})
+				s.observe(line{level: levelError, plugin: f.j.key.plugin, text: f.j.lines.message, at: now})
 				now = now.Add(time.Millisecond)
 			}
 		})

@@ -193,17 +193,19 @@ func TestUnwrittenAgeIsShownByPlugin(t *testing.T) {
 func TestEndOfAMembersEventNamesItsMember(t *testing.T) {
 	at := epoch
 	key := eventKey{level: levelError, plugin: "plugin/errors: ", shape: otherShapes}
-	shape := &entry{key: key, hitters: &hitters{}, first: at, stamped: at,
-		message: "plugin/errors: 2 q1.example.org. A: i/o timeout"}
+	shape := newEntry(key, at)
+	shape.hitters, shape.stamped = &hitters{}, at
+	shape.message = "plugin/errors: 2 q1.example.org. A: i/o timeout"
 	shape.seen = 1
 	key.member = "db1.corp.example"
-	member := &entry{key: key, hitters: &hitters{}, first: at, stamped: at,
-		message: "plugin/errors: 2 db1.corp.example. A: i/o timeout"}
+	member := newEntry(key, at)
+	member.hitters, member.stamped = &hitters{}, at
+	member.message = "plugin/errors: 2 db1.corp.example. A: i/o timeout"
 	member.seen = 1
 	a, b := endOf(shape, at.Add(time.Minute)), endOf(member, at.Add(time.Minute))
-	if a.end.message == b.end.message || !strings.Contains(b.end.message, key.member) {
+	if a.message == b.message || !strings.Contains(b.message, key.member) {
 		t.Errorf("the end of the member's event says %q, of its shape's %q: want the member named",
-			b.end.message, a.end.message)
+			b.message, a.message)
 	}
 }
 
