@@ -70,6 +70,22 @@ func fleetFor(kind string, replicas int) (line, why string) {
 // corefileFleet is the first fleet line of a k8s_event stanza of cf,
 // itself or from a snippet it imports; "" when none.
 func corefileFleet(cf *corefileText) string {
+	return corefileLine(cf, "fleet")
+}
+
+// corefileLine is the first line of the property name of a k8s_event
+// stanza of cf, itself or from a snippet it imports; "" when none.
+func corefileLine(cf *corefileText, name string) string {
+	if lines := corefileLines(cf, name); len(lines) > 0 {
+		return lines[0]
+	}
+	return ""
+}
+
+// corefileLines are the lines of the property name of every k8s_event
+// stanza of cf, itself or from a snippet it imports.
+func corefileLines(cf *corefileText, name string) []string {
+	var out []string
 	for _, b := range cf.blocks {
 		if b.parsed == nil {
 			continue
@@ -77,21 +93,28 @@ func corefileFleet(cf *corefileText) string {
 		d := caddyfile.NewDispenserTokens("Corefile", b.parsed.Tokens["k8s_event"])
 		for d.Next() {
 			for d.NextBlock() {
-				if d.Val() == "fleet" {
-					return strings.Join(append([]string{"fleet"}, d.RemainingArgs()...), " ")
+				if d.Val() == name {
+					out = append(out, strings.Join(append([]string{name}, d.RemainingArgs()...), " "))
+					continue
 				}
 				d.RemainingArgs()
 			}
 		}
 	}
-	return ""
+	return out
 }
 
 // optionFleet is the fleet line of the operator's --option lines; ""
 // when none.
 func optionFleet(options []string) string {
+	return optionLine(options, "fleet")
+}
+
+// optionLine is the line of the property name of the operator's
+// --option lines; "" when none.
+func optionLine(options []string, name string) string {
 	for _, o := range options {
-		if w := texts(lex(o)); len(w) > 0 && w[0] == "fleet" {
+		if w := texts(lex(o)); len(w) > 0 && w[0] == name {
 			return strings.Join(w, " ")
 		}
 	}
@@ -128,12 +151,16 @@ func (pl *planner) planFleet(kind string, replicas int, cf *corefileText) {
 }
 
 // options are the k8s_event lines the install writes: the operator's,
-// and the fleet line it adds.
+// and the level and fleet lines it adds.
 func (pl *planner) options() []string {
-	if pl.fleet.add == "" {
-		return pl.o.Options
+	out := slices.Clone(pl.o.Options)
+	if pl.level != "" {
+		out = append(out, pl.level)
 	}
-	return append(slices.Clone(pl.o.Options), pl.fleet.add)
+	if pl.fleet.add != "" {
+		out = append(out, pl.fleet.add)
+	}
+	return out
 }
 
 // fleetRBAC is the Role and RoleBinding that let sa read N for a workload

@@ -324,8 +324,9 @@ func (e *changedError) Error() string { return e.err.Error() }
 func (r *run) rollAndSettle(ctx context.Context, c kubernetes.Interface, before workload, tmp bool, t *target, verify func(workload) error) error {
 	// One deadline bounds the canary, the batches, the rollout and the
 	// settle alike: --timeout, and the settle time the last pods must
-	// then stay Ready for.
-	ctx, cancel := context.WithTimeout(ctx, r.o.Wait+settleFor(before, r.o))
+	// then stay Ready for; where the rollout settles on k8s_event's
+	// startup event, the longest a pod may take to write it too.
+	ctx, cancel := context.WithTimeout(ctx, r.o.Wait+settleFor(before, r.o)+t.events.wait)
 	defer cancel()
 	if tmp {
 		if err := before.rollStages(ctx, c, r, t, settleFor(before, r.o)); err != nil {
