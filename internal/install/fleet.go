@@ -317,37 +317,45 @@ func fleetNeeds(workload string) need {
 	return needs("deleting the fleet's Role and RoleBinding the install made", rbacRight("delete", "rolebindings", n), rbacRight("delete", "roles", n))
 }
 
-// fleetRemoval deletes the fleet's RoleBinding and Role the install made
-// for workload in ns; those without its labels stay.
-func (r *run) fleetRemoval(ctx context.Context, c kubernetes.Interface, ns, workload, when string) error {
+// fleetRemoval is the deletes of the fleet's RoleBinding and Role the
+// install made for workload in ns; those without its labels stay.
+func fleetRemoval(ctx context.Context, c kubernetes.Interface, ns, workload, when string) ([]step, error) {
 	n := fleetName(workload)
+	var steps []step
 	b, err := c.RbacV1().RoleBindings(ns).Get(ctx, n, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return err
+		return nil, err
 	case ours(b.ObjectMeta, workload):
-		r.change(Change{Action: "delete", Kind: "rolebinding", Name: ns + "/" + n, When: when, Detail: "the fleet's reads"}, whenLine(when, "delete rolebinding "+ns+"/"+n))
-		if !r.o.DryRun {
-			if err := c.RbacV1().RoleBindings(ns).Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &b.UID}}); err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-		}
+		uid := b.UID
+		steps = append(steps, deleteStep(Change{Action: "delete", Kind: "rolebinding", Name: ns + "/" + n, When: when, Detail: "the fleet's reads"}, whenLine(when, "delete rolebinding "+ns+"/"+n), func(ctx context.Context) error {
+			return c.RbacV1().RoleBindings(ns).Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		}))
 	}
 	ro, err := c.RbacV1().Roles(ns).Get(ctx, n, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return err
+		return nil, err
 	case ours(ro.ObjectMeta, workload):
-		r.change(Change{Action: "delete", Kind: "role", Name: ns + "/" + n, When: when, Detail: "the fleet's reads"}, whenLine(when, "delete role "+ns+"/"+n))
-		if !r.o.DryRun {
-			if err := c.RbacV1().Roles(ns).Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ro.UID}}); err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-		}
+		uid := ro.UID
+		steps = append(steps, deleteStep(Change{Action: "delete", Kind: "role", Name: ns + "/" + n, When: when, Detail: "the fleet's reads"}, whenLine(when, "delete role "+ns+"/"+n), func(ctx context.Context) error {
+			return c.RbacV1().Roles(ns).Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		}))
 	}
-	return nil
+	return steps, nil
+}
+
+// deleteStep is the step that deletes with del, said as ch and line: an
+// object already gone counts as deleted.
+func deleteStep(ch Change, line string, del func(context.Context) error) step {
+	return step{change: ch, line: line, do: func(ctx context.Context) error {
+		if err := del(ctx); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		return nil
+	}}
 }
 
 // checkFleet finds the fleet line of the Corefile the pods read, and the

@@ -102,7 +102,9 @@ func (r *run) finishCutOff(ctx context.Context, c kubernetes.Interface, d worklo
 			return fmt.Errorf("%s: giving up the install's field ownership: %w", ref(d), err)
 		}
 	}
-	return r.prune(ctx, c, d, "")
+	a, err := prune(ctx, c, d, "")
+	r.wrote(a)
+	return err
 }
 
 // planUninstall works out the Deployment's patch that gives back what
