@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -470,29 +469,26 @@ func (r *run) watchBatches(ctx context.Context, c kubernetes.Interface, w worklo
 	return err
 }
 
-// replaceStale deletes, under OnDelete, the pods that do not run the
-// template: the controller does not replace them (a canary that failed,
-// its template since put back).
-func (w *daemon) replaceStale(ctx context.Context, c kubernetes.Interface, t *target) error {
+// staleSteps are the deletes, under OnDelete, of the pods that do not
+// run the template: the controller does not replace them (a canary that
+// failed, its template since put back).
+func (w *daemon) staleSteps(ctx context.Context, c kubernetes.Interface, t *target) ([]step, error) {
 	if w.d.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || t == nil {
-		return nil
+		return nil, nil
 	}
 	list, err := pods(ctx, c, w)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var errs []string
+	var steps []step
 	for _, p := range list {
 		if p.DeletionTimestamp != nil || runsTemplate(&p, w.template(), t) {
 			continue
 		}
-		err := c.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
-		if err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, err.Error())
-		}
+		ns, name, uid := p.Namespace, p.Name, p.UID
+		steps = append(steps, deleteStep(Change{Action: "delete", Kind: "pod", Name: ns + "/" + name, Detail: "runs the failed template, which OnDelete does not replace"}, "delete pod "+ns+"/"+name+" of the failed template", func(ctx context.Context) error {
+			return c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		}))
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("deleting the pods of the failed template: %s", strings.Join(errs, "; "))
-	}
-	return nil
+	return steps, nil
 }

@@ -105,31 +105,50 @@ func podReady(p *corev1.Pod) bool {
 // putBack patches back to before's what the run sets in the workload's
 // template (the image and variables of t's container, the config volume,
 // the record), keeping what others changed meanwhile and the strategy it
-// has now, and waits for that rollout.
-func putBack(ctx context.Context, c kubernetes.Interface, before workload, t *target, within time.Duration) error {
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		now, err := before.get(ctx, c)
-		if err != nil {
-			return err
-		}
-		p, err := workloadPatch(now, putBackTemplate(now, before, t))
-		if err != nil || p == nil {
-			return err
-		}
-		return now.patch(ctx, c, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager})
-	})
+// has now, deletes the pods no controller replaces, and waits for that
+// rollout. It returns what it went through.
+func putBack(ctx context.Context, c kubernetes.Interface, before workload, t *target, within time.Duration) (applied, error) {
+	a, err := applyStep(ctx, templatePutBack(c, before, t))
 	if err != nil {
-		return err
+		return a, err
 	}
 	now, err := before.get(ctx, c)
 	if err != nil {
-		return err
+		return a, err
 	}
-	if err := now.replaceStale(ctx, c, t); err != nil {
-		return err
+	stale, err := now.staleSteps(ctx, c, t)
+	if err != nil {
+		return a, err
+	}
+	b, err := apply(ctx, stale, false)
+	a = a.add(b)
+	if err != nil {
+		return a, fmt.Errorf("deleting the pods of the failed template: %w", err)
 	}
 	_, err = waitRollout(ctx, c, before, within, nil)
-	return err
+	return a, err
+}
+
+// templatePutBack is the patch that puts back the template as before had
+// it (see putBack), after a rollout that failed.
+func templatePutBack(c kubernetes.Interface, before workload, t *target) step {
+	return step{
+		change: Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "template put back as it was: the rollout failed"},
+		line:   "put back " + ref(before),
+		do: func(ctx context.Context) error {
+			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				now, err := before.get(ctx, c)
+				if err != nil {
+					return err
+				}
+				p, err := workloadPatch(now, putBackTemplate(now, before, t))
+				if err != nil || p == nil {
+					return err
+				}
+				return now.patch(ctx, c, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager})
+			})
+		},
+	}
 }
 
 // putBackTemplate is now with what the run sets in the template (see
@@ -392,16 +411,6 @@ func strategyPutBack(c kubernetes.Interface, before workload) step {
 	return strategyStep(c, before, Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "strategy put back as it was: " + before.rolloutString()}, "put back "+ref(before))
 }
 
-// templatePutBack is the patch that puts back the template as before had
-// it after a rollout that failed, and the wait for its rollout.
-func templatePutBack(c kubernetes.Interface, before workload, t *target, within time.Duration) step {
-	return step{
-		change: Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "template put back as it was: the rollout failed"},
-		line:   "put back " + ref(before),
-		do:     func(ctx context.Context) error { return putBack(ctx, c, before, t, within) },
-	}
-}
-
 // putBackFailed puts back the template and the strategy after a rollout
 // that failed with err, and says what is left to do as the cluster now
 // is: never kubectl rollout undo when the template is the operator's
@@ -409,7 +418,7 @@ func templatePutBack(c kubernetes.Interface, before workload, t *target, within 
 func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before workload, tmp bool, t *target, err error) error {
 	ns := before.meta().Namespace
 	r.printf("%v\nputting back %s as it was\n", err, ref(before))
-	a, perr := applyStep(ctx, templatePutBack(c, before, t, min(r.o.Wait, 2*time.Minute)))
+	a, perr := putBack(ctx, c, before, t, min(r.o.Wait, 2*time.Minute))
 	r.wrote(a)
 	var serr error
 	if tmp {
