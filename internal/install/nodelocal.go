@@ -244,15 +244,15 @@ func levelsHaveInfo(cf *corefileText) bool {
 }
 
 // pluginEvents waits until each of pods has an event that k8s_event wrote
-// on it, told by the pod's UID, each for up to wait from its start (or
-// from when the wait began, for a pod with no start time), within ctx. A
-// pod with none by then fails the rollout: k8s_event did not start on it,
-// or cannot write.
-func pluginEvents(ctx context.Context, c kubernetes.Interface, pods []corev1.Pod, wait time.Duration) error {
+// on it, told by the pod's UID, each for up to wait from the start of its
+// container t names (or from when the wait began, for a pod whose start
+// is not known), within ctx. A pod with none by then fails the rollout:
+// k8s_event did not start on it, or cannot write.
+func pluginEvents(ctx context.Context, c kubernetes.Interface, pods []corev1.Pod, t *target, wait time.Duration) error {
 	begun := time.Now()
 	due := func(p *corev1.Pod) time.Time {
-		if p.Status.StartTime != nil && p.Status.StartTime.Time.Before(begun) {
-			return p.Status.StartTime.Add(wait)
+		if at := containerStarted(p, t); !at.IsZero() && at.Before(begun) {
+			return at.Add(wait)
 		}
 		return begun.Add(wait)
 	}
@@ -276,6 +276,19 @@ func pluginEvents(ctx context.Context, c kubernetes.Interface, pods []corev1.Pod
 		case <-time.After(eventPoll):
 		}
 	}
+}
+
+// containerStarted is when the container t names last started running
+// in p; zero when not known. The pod's own start time comes before its
+// image is pulled.
+func containerStarted(p *corev1.Pod, t *target) time.Time {
+	if t == nil || t.container >= len(p.Spec.Containers) {
+		return time.Time{}
+	}
+	if cs := containerStatus(p, t); cs != nil && cs.State.Running != nil {
+		return cs.State.Running.StartedAt.Time
+	}
+	return time.Time{}
 }
 
 // eventPoll is how often pluginEvents reads the events.

@@ -287,7 +287,8 @@ func TestNodeLocalDNSInReconcileModeIsRefused(t *testing.T) {
 // Settled, for node-local-dns, waits for k8s_event's events on the new
 // pods, told by their UID: an event of an earlier pod of that name, or
 // another writer's, is none; pods with none by their due time fail,
-// named; an event that comes after a few reads settles.
+// named, at once when their container started longer ago than the wait;
+// an event that comes after a few reads settles.
 func TestPluginEventsOnTheNewPods(t *testing.T) {
 	pod := func(name, uid string) corev1.Pod {
 		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", UID: types.UID(uid)}}
@@ -300,26 +301,37 @@ func TestPluginEventsOnTheNewPods(t *testing.T) {
 	)
 	ctx := context.Background()
 	start := time.Now()
-	err := pluginEvents(ctx, c, []corev1.Pod{pod("nl-a", "uid-a"), pod("nl-b", "uid-b"), pod("nl-c", "uid-c")}, 1500*time.Millisecond)
+	err := pluginEvents(ctx, c, []corev1.Pod{pod("nl-a", "uid-a"), pod("nl-b", "uid-b"), pod("nl-c", "uid-c")}, nil, 1500*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "no event of k8s_event on pod nl-b, nl-c within 1.5s") {
 		t.Errorf("pods without their event: %v", err)
 	}
 	if took := time.Since(start); took < 1500*time.Millisecond {
 		t.Errorf("gave up after %v, before the pods were due", took)
 	}
-	if err := pluginEvents(ctx, c, []corev1.Pod{pod("nl-a", "uid-a")}, time.Minute); err != nil {
+	if err := pluginEvents(ctx, c, []corev1.Pod{pod("nl-a", "uid-a")}, nil, time.Minute); err != nil {
 		t.Errorf("a pod with its event: %v", err)
 	}
 
 	late := pod("nl-d", "uid-d")
 	reads := writesStartupEventOn(c, late, 3)
-	if err := pluginEvents(ctx, c, []corev1.Pod{late}, time.Minute); err != nil || *reads < 4 {
+	if err := pluginEvents(ctx, c, []corev1.Pod{late}, nil, time.Minute); err != nil || *reads < 4 {
 		t.Errorf("an event written after %d reads: %v", *reads, err)
 	}
 	cut, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	if err := pluginEvents(cut, c, []corev1.Pod{pod("nl-e", "uid-e")}, time.Minute); err == nil || !strings.Contains(err.Error(), "the rollout's deadline") {
+	if err := pluginEvents(cut, c, []corev1.Pod{pod("nl-e", "uid-e")}, nil, time.Minute); err == nil || !strings.Contains(err.Error(), "the rollout's deadline") {
 		t.Errorf("the deadline passed: %v", err)
+	}
+
+	// Due from its container's start: one that ran a while fails at once.
+	old := pod("nl-f", "uid-f")
+	old.Spec.Containers = []corev1.Container{{Name: "node-cache"}}
+	old.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "node-cache", State: corev1.ContainerState{
+		Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(time.Now().Add(-2 * time.Minute))},
+	}}}
+	start = time.Now()
+	if err := pluginEvents(ctx, c, []corev1.Pod{old}, &target{}, time.Minute); err == nil || time.Since(start) > 10*time.Second {
+		t.Errorf("a pod past its due time: %v after %v", err, time.Since(start))
 	}
 
 	tg := &target{layout: layoutByName(t, "node-local-dns")}

@@ -115,7 +115,7 @@ func settlePods(ctx context.Context, c kubernetes.Interface, w workload, t *targ
 // decided.
 func settleOnEvent(ctx context.Context, c kubernetes.Interface, pods []corev1.Pod, t *target) (string, error) {
 	if t.events.wait > 0 {
-		return "", pluginEvents(ctx, c, pods, t.events.wait)
+		return "", pluginEvents(ctx, c, pods, t, t.events.wait)
 	}
 	why := cmp.Or(t.events.why, "the new pods' DNS address is the node's, which the installer cannot ask, and they run no k8s_event to wait for")
 	return "DNS not asked and no startup event waited for (" + why + "): readiness and restarts decided", nil
