@@ -54,6 +54,24 @@ func apply(ctx context.Context, steps []step, dry bool) (applied, error) {
 	return a, nil
 }
 
+// add is a, then b.
+func (a applied) add(b applied) applied {
+	return applied{steps: append(a.steps, b.steps...), written: append(a.written, b.written...)}
+}
+
+// applyStep makes the write of s, as apply does, and returns what it went
+// through and the write's own error, unwrapped: nothing when it failed.
+func applyStep(ctx context.Context, s step) (applied, error) {
+	if s.do == nil {
+		return applied{steps: []step{s}, written: []bool{false}}, nil
+	}
+	err := s.do(ctx)
+	if err != nil && !errors.Is(err, errKept) {
+		return applied{}, err
+	}
+	return applied{steps: []step{s}, written: []bool{err == nil}}, nil
+}
+
 // installSteps are the writes of the install p plans, in order, up to the
 // workload's patch; with dry, what follows the rollout too.
 func installSteps(c kubernetes.Interface, p *installPlan, dry bool) []step {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -262,7 +261,9 @@ func (w *daemon) rollStages(ctx context.Context, c kubernetes.Interface, r *run,
 	if err != nil {
 		return err
 	}
-	if err := w.setTemporary(ctx, c, r, live.(*daemon), w.batchStrategy(), "the batches"); err != nil {
+	a, err := w.setTemporary(ctx, c, live.(*daemon), w.batchStrategy(), "the batches")
+	r.wrote(a)
+	if err != nil {
 		return err
 	}
 	return r.watchBatches(ctx, c, w, t)
@@ -320,7 +321,9 @@ func (r *run) surgeCanary(ctx context.Context, c kubernetes.Interface, op, live 
 	if !slices.ContainsFunc(old, func(p corev1.Pod) bool { return !runsTemplate(&p, live.template(), t) }) {
 		return nil
 	}
-	if err := op.setTemporary(ctx, c, r, live, surgeCanaryStrategy(), "the canary"); err != nil {
+	a, err := op.setTemporary(ctx, c, live, surgeCanaryStrategy(), "the canary")
+	r.wrote(a)
+	if err != nil {
 		return err
 	}
 	var node string
@@ -378,12 +381,29 @@ func (r *run) canary(ctx context.Context, c kubernetes.Interface, ds *daemon, t 
 	old := list[0]
 	node := old.Spec.NodeName
 	r.printf("canary: replacing pod %s on node %s\n", old.Name, node)
-	err = c.CoreV1().Pods(old.Namespace).Delete(ctx, old.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &old.UID}})
-	if err != nil && !apierrors.IsNotFound(err) {
+	a, err := applyStep(ctx, canaryStep(c, &old))
+	if err != nil {
 		return fmt.Errorf("canary: delete pod %s: %w", old.Name, err)
 	}
-	r.change(Change{Action: "delete", Kind: "pod", Name: old.Namespace + "/" + old.Name, Detail: "the canary: its replacement on node " + node + " runs the new template first"}, "delete pod "+old.Namespace+"/"+old.Name+" (the canary)")
+	r.wrote(a)
 	return r.settleCanary(ctx, c, ds, t, settle, node)
+}
+
+// canaryStep deletes old, the canary's pod: its replacement on its node
+// runs the new template first.
+func canaryStep(c kubernetes.Interface, old *corev1.Pod) step {
+	ns, name, uid := old.Namespace, old.Name, old.UID
+	return step{
+		change: Change{Action: "delete", Kind: "pod", Name: ns + "/" + name, Detail: "the canary: its replacement on node " + old.Spec.NodeName + " runs the new template first"},
+		line:   "delete pod " + ns + "/" + name + " (the canary)",
+		do: func(ctx context.Context) error {
+			err := c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		},
+	}
 }
 
 func boolCmp(a, b bool) int {
@@ -397,8 +417,9 @@ func boolCmp(a, b bool) int {
 }
 
 // setTemporary sets the updateStrategy batch on live, recording it as
-// the temporary one beside the operator's (w's); what says what for.
-func (w *daemon) setTemporary(ctx context.Context, c kubernetes.Interface, r *run, live *daemon, batch appsv1.DaemonSetUpdateStrategy, what string) error {
+// the temporary one beside the operator's (w's); what says what for. It
+// returns what it went through.
+func (w *daemon) setTemporary(ctx context.Context, c kubernetes.Interface, live *daemon, batch appsv1.DaemonSetUpdateStrategy, what string) (applied, error) {
 	want := live.d.DeepCopy()
 	want.Spec.UpdateStrategy = batch
 	recordRollout(&want.ObjectMeta, w.d.Spec.UpdateStrategy, w.d.Spec.MinReadySeconds, batch, live.d.Spec.MinReadySeconds)
@@ -408,11 +429,17 @@ func (w *daemon) setTemporary(ctx context.Context, c kubernetes.Interface, r *ru
 		"metadata": map[string]any{"annotations": map[string]any{StrategyAnnotation: want.Annotations[StrategyAnnotation]}},
 		"spec":     map[string]any{"updateStrategy": updateStrategyJSON(batch)},
 	})
-	if err := live.patch(ctx, c, types.MergePatchType, body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-		return fmt.Errorf("%s: setting the updateStrategy for %s: %w", ref(w), what, err)
+	a, err := applyStep(ctx, step{
+		change: Change{Action: "patch", Kind: kindName(w), Name: nsName(w), Detail: "updateStrategy for " + what + ": " + updateStrategyString(batch)},
+		line:   "patch " + ref(w) + " for " + what,
+		do: func(ctx context.Context) error {
+			return live.patch(ctx, c, types.MergePatchType, body, metav1.PatchOptions{FieldManager: FieldManager})
+		},
+	})
+	if err != nil {
+		return a, fmt.Errorf("%s: setting the updateStrategy for %s: %w", ref(w), what, err)
 	}
-	r.change(Change{Action: "patch", Kind: kindName(w), Name: nsName(w), Detail: "updateStrategy for " + what + ": " + updateStrategyString(batch)}, "patch "+ref(w)+" for "+what)
-	return nil
+	return a, nil
 }
 
 // watchBatches waits until every node runs the new template, saying each
@@ -442,29 +469,26 @@ func (r *run) watchBatches(ctx context.Context, c kubernetes.Interface, w worklo
 	return err
 }
 
-// replaceStale deletes, under OnDelete, the pods that do not run the
-// template: the controller does not replace them (a canary that failed,
-// its template since put back).
-func (w *daemon) replaceStale(ctx context.Context, c kubernetes.Interface, t *target) error {
+// staleSteps are the deletes, under OnDelete, of the pods that do not
+// run the template: the controller does not replace them (a canary that
+// failed, its template since put back).
+func (w *daemon) staleSteps(ctx context.Context, c kubernetes.Interface, t *target) ([]step, error) {
 	if w.d.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || t == nil {
-		return nil
+		return nil, nil
 	}
 	list, err := pods(ctx, c, w)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var errs []string
+	var steps []step
 	for _, p := range list {
 		if p.DeletionTimestamp != nil || runsTemplate(&p, w.template(), t) {
 			continue
 		}
-		err := c.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
-		if err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, err.Error())
-		}
+		ns, name, uid := p.Namespace, p.Name, p.UID
+		steps = append(steps, deleteStep(Change{Action: "delete", Kind: "pod", Name: ns + "/" + name, Detail: "runs the failed template, which OnDelete does not replace"}, "delete pod "+ns+"/"+name+" of the failed template", func(ctx context.Context) error {
+			return c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		}))
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("deleting the pods of the failed template: %s", strings.Join(errs, "; "))
-	}
-	return nil
+	return steps, nil
 }

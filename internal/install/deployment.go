@@ -275,9 +275,9 @@ func (w *deploy) rollStages(context.Context, kubernetes.Interface, *run, *target
 	return nil
 }
 
-// replaceStale: the Deployment controller replaces the pods itself.
-func (w *deploy) replaceStale(context.Context, kubernetes.Interface, *target) error {
-	return nil
+// staleSteps: the Deployment controller replaces the pods itself.
+func (w *deploy) staleSteps(context.Context, kubernetes.Interface, *target) ([]step, error) {
+	return nil, nil
 }
 
 // getDeployment reads the Deployment ns/name.

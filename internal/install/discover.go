@@ -32,6 +32,9 @@ type target struct {
 	// layout is the workload's layout, on the plan's copy of the target
 	// once the plan has told it.
 	layout *layout
+	// events is how an install's rollout waits for k8s_event's startup
+	// event, where the layout settles on it (planEvent).
+	events eventSettle
 }
 
 // findWorkload returns the CoreDNS workload that o names.

@@ -70,6 +70,22 @@ func fleetFor(kind string, replicas int) (line, why string) {
 // corefileFleet is the first fleet line of a k8s_event stanza of cf,
 // itself or from a snippet it imports; "" when none.
 func corefileFleet(cf *corefileText) string {
+	return corefileLine(cf, "fleet")
+}
+
+// corefileLine is the first line of the property name of a k8s_event
+// stanza of cf, itself or from a snippet it imports; "" when none.
+func corefileLine(cf *corefileText, name string) string {
+	if lines := corefileLines(cf, name); len(lines) > 0 {
+		return lines[0]
+	}
+	return ""
+}
+
+// corefileLines are the lines of the property name of every k8s_event
+// stanza of cf, itself or from a snippet it imports.
+func corefileLines(cf *corefileText, name string) []string {
+	var out []string
 	for _, b := range cf.blocks {
 		if b.parsed == nil {
 			continue
@@ -77,21 +93,28 @@ func corefileFleet(cf *corefileText) string {
 		d := caddyfile.NewDispenserTokens("Corefile", b.parsed.Tokens["k8s_event"])
 		for d.Next() {
 			for d.NextBlock() {
-				if d.Val() == "fleet" {
-					return strings.Join(append([]string{"fleet"}, d.RemainingArgs()...), " ")
+				if d.Val() == name {
+					out = append(out, strings.Join(append([]string{name}, d.RemainingArgs()...), " "))
+					continue
 				}
 				d.RemainingArgs()
 			}
 		}
 	}
-	return ""
+	return out
 }
 
 // optionFleet is the fleet line of the operator's --option lines; ""
 // when none.
 func optionFleet(options []string) string {
+	return optionLine(options, "fleet")
+}
+
+// optionLine is the line of the property name of the operator's
+// --option lines; "" when none.
+func optionLine(options []string, name string) string {
 	for _, o := range options {
-		if w := texts(lex(o)); len(w) > 0 && w[0] == "fleet" {
+		if w := texts(lex(o)); len(w) > 0 && w[0] == name {
 			return strings.Join(w, " ")
 		}
 	}
@@ -128,12 +151,16 @@ func (pl *planner) planFleet(kind string, replicas int, cf *corefileText) {
 }
 
 // options are the k8s_event lines the install writes: the operator's,
-// and the fleet line it adds.
+// and the level and fleet lines it adds.
 func (pl *planner) options() []string {
-	if pl.fleet.add == "" {
-		return pl.o.Options
+	out := slices.Clone(pl.o.Options)
+	if pl.level != "" {
+		out = append(out, pl.level)
 	}
-	return append(slices.Clone(pl.o.Options), pl.fleet.add)
+	if pl.fleet.add != "" {
+		out = append(out, pl.fleet.add)
+	}
+	return out
 }
 
 // fleetRBAC is the Role and RoleBinding that let sa read N for a workload
@@ -290,37 +317,45 @@ func fleetNeeds(workload string) need {
 	return needs("deleting the fleet's Role and RoleBinding the install made", rbacRight("delete", "rolebindings", n), rbacRight("delete", "roles", n))
 }
 
-// fleetRemoval deletes the fleet's RoleBinding and Role the install made
-// for workload in ns; those without its labels stay.
-func (r *run) fleetRemoval(ctx context.Context, c kubernetes.Interface, ns, workload, when string) error {
+// fleetRemoval is the deletes of the fleet's RoleBinding and Role the
+// install made for workload in ns; those without its labels stay.
+func fleetRemoval(ctx context.Context, c kubernetes.Interface, ns, workload, when string) ([]step, error) {
 	n := fleetName(workload)
+	var steps []step
 	b, err := c.RbacV1().RoleBindings(ns).Get(ctx, n, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return err
+		return nil, err
 	case ours(b.ObjectMeta, workload):
-		r.change(Change{Action: "delete", Kind: "rolebinding", Name: ns + "/" + n, When: when, Detail: "the fleet's reads"}, whenLine(when, "delete rolebinding "+ns+"/"+n))
-		if !r.o.DryRun {
-			if err := c.RbacV1().RoleBindings(ns).Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &b.UID}}); err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-		}
+		uid := b.UID
+		steps = append(steps, deleteStep(Change{Action: "delete", Kind: "rolebinding", Name: ns + "/" + n, When: when, Detail: "the fleet's reads"}, whenLine(when, "delete rolebinding "+ns+"/"+n), func(ctx context.Context) error {
+			return c.RbacV1().RoleBindings(ns).Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		}))
 	}
 	ro, err := c.RbacV1().Roles(ns).Get(ctx, n, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return err
+		return nil, err
 	case ours(ro.ObjectMeta, workload):
-		r.change(Change{Action: "delete", Kind: "role", Name: ns + "/" + n, When: when, Detail: "the fleet's reads"}, whenLine(when, "delete role "+ns+"/"+n))
-		if !r.o.DryRun {
-			if err := c.RbacV1().Roles(ns).Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ro.UID}}); err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-		}
+		uid := ro.UID
+		steps = append(steps, deleteStep(Change{Action: "delete", Kind: "role", Name: ns + "/" + n, When: when, Detail: "the fleet's reads"}, whenLine(when, "delete role "+ns+"/"+n), func(ctx context.Context) error {
+			return c.RbacV1().Roles(ns).Delete(ctx, n, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		}))
 	}
-	return nil
+	return steps, nil
+}
+
+// deleteStep is the step that deletes with del, said as ch and line: an
+// object already gone counts as deleted.
+func deleteStep(ch Change, line string, del func(context.Context) error) step {
+	return step{change: ch, line: line, do: func(ctx context.Context) error {
+		if err := del(ctx); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		return nil
+	}}
 }
 
 // checkFleet finds the fleet line of the Corefile the pods read, and the

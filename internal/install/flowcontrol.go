@@ -273,71 +273,63 @@ func (r *run) flowControlNeeds(ctx context.Context, c kubernetes.Interface, ns, 
 		flowRight("get", "prioritylevelconfigurations", level), flowRight("delete", "prioritylevelconfigurations", level)))
 }
 
-// flowControlRemoval deletes the FlowSchemas install made for workload in
-// ns, then the level when it is the tool's and no FlowSchema refers to it
-// any more (another workload's install shares it); the operator's stay.
-func (r *run) flowControlRemoval(ctx context.Context, c kubernetes.Interface, ns, workload, when string) error {
+// flowControlRemoval is the deletes of the FlowSchemas install made for
+// workload in ns, then of the level when it is the tool's and no
+// FlowSchema refers to it any more (another workload's install shares
+// it); the operator's stay. It warns, with no steps, when the FlowSchemas
+// cannot be listed.
+func flowControlRemoval(ctx context.Context, c kubernetes.Interface, ns, workload, when string) (steps []step, warning string, err error) {
 	own, ok, err := ownFlowSchemas(ctx, c, ns, workload)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	if !ok {
-		r.warn(fmt.Sprintf("the FlowSchemas install made for %s/%s are not checked, as listing flowschemas.%s is forbidden (deploy/kubectl-k8s-event/role.yaml, its ClusterRole, grants it): any stay", ns, workload, flowcontrolAPI))
-		return nil
+		return nil, fmt.Sprintf("the FlowSchemas install made for %s/%s are not checked, as listing flowschemas.%s is forbidden (deploy/kubectl-k8s-event/role.yaml, its ClusterRole, grants it): any stay", ns, workload, flowcontrolAPI), nil
 	}
 	gone := map[string]bool{}
 	for _, fs := range own {
-		r.change(Change{Action: "delete", Kind: "flowschema", Name: fs.Name, When: when, Detail: "made by install for " + ns + "/" + workload}, whenLine(when, "delete flowschema "+fs.Name))
-		gone[fs.Name] = true
-		if r.o.DryRun {
-			continue
-		}
-		uid := fs.UID
-		err := c.FlowcontrolV1().FlowSchemas().Delete(ctx, fs.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete flowschema %s: %w", fs.Name, err)
-		}
+		name, uid := fs.Name, fs.UID
+		gone[name] = true
+		steps = append(steps, deleteStep(Change{Action: "delete", Kind: "flowschema", Name: name, When: when, Detail: "made by install for " + ns + "/" + workload}, whenLine(when, "delete flowschema "+name), func(ctx context.Context) error {
+			return c.FlowcontrolV1().FlowSchemas().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		}))
 	}
 	if len(own) == 0 {
-		return nil
+		return nil, "", nil
 	}
-	return r.levelRemoval(ctx, c, gone, when)
+	more, err := levelRemoval(ctx, c, gone, when)
+	return append(steps, more...), "", err
 }
 
-// levelRemoval deletes the tool's level unless a FlowSchema other than
-// those of gone refers to it.
-func (r *run) levelRemoval(ctx context.Context, c kubernetes.Interface, gone map[string]bool, when string) error {
+// levelRemoval is the delete of the tool's level unless a FlowSchema
+// other than those of gone refers to it, or why it stays.
+func levelRemoval(ctx context.Context, c kubernetes.Interface, gone map[string]bool, when string) ([]step, error) {
 	name := manifests.PriorityLevelName
+	keep := func(detail, line string) []step {
+		return []step{{change: Change{Action: "keep", Kind: "prioritylevelconfiguration", Name: name, Detail: detail}, line: line}}
+	}
 	pl, err := c.FlowcontrolV1().PriorityLevelConfigurations().Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil
+		return nil, nil
 	case err != nil:
-		return fmt.Errorf("prioritylevelconfiguration %s: %w", name, err)
+		return nil, fmt.Errorf("prioritylevelconfiguration %s: %w", name, err)
 	case !levelIsOurs(pl.ObjectMeta):
-		r.change(Change{Action: "keep", Kind: "prioritylevelconfiguration", Name: name, Detail: fmt.Sprintf("not this tool's (no label %s=%s): kept", managedByLabel, FieldManager)}, "keep prioritylevelconfiguration "+name)
-		return nil
+		return keep(fmt.Sprintf("not this tool's (no label %s=%s): kept", managedByLabel, FieldManager), "keep prioritylevelconfiguration "+name), nil
 	}
 	all, err := c.FlowcontrolV1().FlowSchemas().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return fmt.Errorf("listing flowschemas: %w", err)
+		return nil, fmt.Errorf("listing flowschemas: %w", err)
 	}
 	for _, fs := range all.Items {
 		if !gone[fs.Name] && fs.Spec.PriorityLevelConfiguration.Name == name {
-			r.change(Change{Action: "keep", Kind: "prioritylevelconfiguration", Name: name, Detail: "flowschema " + fs.Name + " still refers to it: kept"}, "keep prioritylevelconfiguration "+name+": flowschema "+fs.Name+" still refers to it")
-			return nil
+			return keep("flowschema "+fs.Name+" still refers to it: kept", "keep prioritylevelconfiguration "+name+": flowschema "+fs.Name+" still refers to it"), nil
 		}
 	}
-	r.change(Change{Action: "delete", Kind: "prioritylevelconfiguration", Name: name, When: when, Detail: "made by install; no FlowSchema refers to it any more"}, whenLine(when, "delete prioritylevelconfiguration "+name))
-	if r.o.DryRun {
-		return nil
-	}
 	uid := pl.UID
-	err = c.FlowcontrolV1().PriorityLevelConfigurations().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete prioritylevelconfiguration %s: %w", name, err)
-	}
-	return nil
+	return []step{deleteStep(Change{Action: "delete", Kind: "prioritylevelconfiguration", Name: name, When: when, Detail: "made by install; no FlowSchema refers to it any more"}, whenLine(when, "delete prioritylevelconfiguration "+name), func(ctx context.Context) error {
+		return c.FlowcontrolV1().PriorityLevelConfigurations().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	})}, nil
 }
 
 func whenLine(when, line string) string {
@@ -427,10 +419,21 @@ func (r *run) extrasText() string {
 }
 
 // extrasRemoval removes what the install made of the priority level and
-// the fleet's reads for workload in ns.
+// the fleet's reads for workload in ns (with a dry run, says it), and
+// reports what it went through.
 func (r *run) extrasRemoval(ctx context.Context, c kubernetes.Interface, ns, workload, when string) error {
-	if err := r.fleetRemoval(ctx, c, ns, workload, when); err != nil {
+	steps, err := fleetRemoval(ctx, c, ns, workload, when)
+	if err != nil {
 		return err
 	}
-	return r.flowControlRemoval(ctx, c, ns, workload, when)
+	more, warning, err := flowControlRemoval(ctx, c, ns, workload, when)
+	if err != nil {
+		return err
+	}
+	if warning != "" {
+		r.warn(warning)
+	}
+	a, err := apply(ctx, append(steps, more...), r.o.DryRun)
+	r.wrote(a)
+	return err
 }

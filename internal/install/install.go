@@ -177,7 +177,9 @@ func (r *run) install(ctx context.Context, c kubernetes.Interface) error {
 				return fmt.Errorf("%s: giving up the install's field ownership: %w", ref(p.w), err)
 			}
 		}
-		return r.prune(ctx, c, p.w, p.gen.Name)
+		a, err := prune(ctx, c, p.w, p.gen.Name)
+		r.wrote(a)
+		return err
 	}
 	return r.rollout(ctx, c, p.before, p.strategy, p.t, installed(p, o.Image), p.gen)
 }

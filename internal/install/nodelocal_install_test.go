@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // nodeCacheImage is node-cache with k8s_event, built from the release
@@ -40,6 +42,38 @@ func nodeLocalCluster(t *testing.T, replace []string, nodes int) (*fake.Clientse
 	k := newDSControllerOf(c, "node-local-dns", nodes, "")
 	getDSOf(t, c, "node-local-dns") // the pods of upstream's template
 	return c, k
+}
+
+// startupEvents stands in for k8s_event on the pods of image: each pod's
+// startup event is there from the read of its events after the first
+// after; with after below 0, never. It returns the pods read without
+// their event yet, each once.
+func startupEvents(c *fake.Clientset, image string, after int) func() []string {
+	var mu sync.Mutex
+	reads := map[string]int{}
+	c.PrependReactor("list", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		name, ok := strings.CutPrefix(a.(k8stesting.ListAction).GetListRestrictions().Fields.String(), "involvedObject.name=")
+		obj, err := c.Tracker().Get(podsResource, a.GetNamespace(), name)
+		if !ok || err != nil || obj.(*corev1.Pod).Spec.Containers[0].Image != image {
+			return false, nil, nil
+		}
+		p := obj.(*corev1.Pod)
+		mu.Lock()
+		defer mu.Unlock()
+		if reads[p.Name]++; after >= 0 && reads[p.Name] == after+1 {
+			_ = c.Tracker().Add(startupEvent(p.Name+".startup", *p, map[string]string{eventLabel: "info"}))
+		}
+		return false, nil, nil
+	})
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for name := range reads {
+			out = append(out, name)
+		}
+		return out
+	}
 }
 
 // clusterObjects are the objects of c but pods, events and revisions (what the
@@ -123,6 +157,7 @@ func TestNodeLocalDNSInstallsAndUninstallsThroughTheWholeRun(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c, k := nodeLocalCluster(t, replace, 4)
+			startupEvents(c, nodeCacheImage, 0)
 			deleted := deletedPodsOf(c, "node-local-dns")
 			before := clusterObjects(t, c)
 			var out bytes.Buffer
@@ -165,6 +200,7 @@ func checkNodeLocalDryRun(t *testing.T, out string) {
 		"serviceaccount kube-system/node-local-dns",
 		"k8s-event-node-local-dns",
 		"fleet 0.1 100 (a DaemonSet runs a replica on every node: 4 now)",
+		"level info warning error",
 		"create role kube-system/node-local-dns-k8s-event-fleet",
 		"patch daemonset kube-system/node-local-dns",
 		nodeCacheImage,
@@ -275,5 +311,96 @@ func TestNodeLocalDNSInstallRefusesACoreDNSImage(t *testing.T) {
 	}
 	if diff := sameObjects(before, clusterObjects(t, c)); len(diff) > 0 {
 		t.Errorf("the refused runs changed objects:\n%s", strings.Join(diff, "\n"))
+	}
+}
+
+// A rollout of node-local-dns whose new pods write no startup event
+// fails at the canary, named, once the canary's due time has passed, and
+// is put back: the objects are as they were. Where the events come after
+// a few reads, the rollout settles.
+func TestNodeLocalDNSSettlesOnlyWithTheStartupEvent(t *testing.T) {
+	// Not parallel: the wait for the event, shortened.
+	defer func(w, h time.Duration, p time.Duration) { eventWrite, eventHerd, eventPoll = w, h, p }(eventWrite, eventHerd, eventPoll)
+	eventWrite, eventHerd, eventPoll = 200*time.Millisecond, 0, 100*time.Millisecond
+	ctx := context.Background()
+	o := Options{Image: nodeCacheImage, Kind: kindDaemonSet, Deployment: "node-local-dns", Wait: 30 * time.Second, Settle: time.Second}
+
+	c, _ := nodeLocalCluster(t, nodeLocalVariants["replaced"], 3)
+	read := startupEvents(c, nodeCacheImage, -1)
+	before := clusterObjects(t, c)
+	var out bytes.Buffer
+	o.Out = &out
+	err := Install(ctx, c, o)
+	if err == nil || !strings.Contains(err.Error(), "the canary on node") || !strings.Contains(err.Error(), "no event of k8s_event on pod node-local-dns-node-") || !strings.Contains(err.Error(), "is back as it was") {
+		t.Fatalf("install without startup events: %v\n%s", err, out.String())
+	}
+	if got := read(); len(got) != 1 {
+		t.Errorf("events read of pods %q: want the canary's alone", got)
+	}
+	if diff := sameObjects(before, clusterObjects(t, c)); len(diff) > 0 {
+		t.Errorf("the failed rollout was not put back:\n%s\n%s", strings.Join(diff, "\n"), out.String())
+	}
+	if ds := getDSOf(t, c, "node-local-dns"); ds.Spec.Template.Spec.Containers[0].Image == nodeCacheImage {
+		t.Errorf("the DaemonSet runs %s still", nodeCacheImage)
+	}
+
+	c, _ = nodeLocalCluster(t, nodeLocalVariants["replaced"], 3)
+	startupEvents(c, nodeCacheImage, 3)
+	out.Reset()
+	eventWrite = 5 * time.Second
+	if err := Install(ctx, c, o); err != nil {
+		t.Fatalf("install with events after three reads: %v\n%s", err, out.String())
+	}
+}
+
+// A plan where k8s_event would not write the startup event is refused,
+// naming why: levels without info, by --option or the Corefile's own
+// k8s_event, or no reload to log the line. With --force it is a warning,
+// and the rollout settles on readiness and restarts, saying so.
+func TestNodeLocalDNSRefusesAPlanWithoutTheStartupEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	noReload := func(cm *corev1.ConfigMap) {
+		cm.Data["Corefile"] = strings.ReplaceAll(cm.Data["Corefile"], "    reload\n", "")
+	}
+	ownLevel := func(cm *corev1.ConfigMap) {
+		cm.Data["Corefile"] = strings.Replace(cm.Data["Corefile"], "    reload\n", "    reload\n    k8s_event {\n        level error\n    }\n", 1)
+	}
+	for _, tc := range []struct {
+		name    string
+		options []string
+		edit    func(*corev1.ConfigMap)
+		want    string
+	}{
+		{"option", []string{"level warning error"}, nil, `--option "level warning error" sets k8s_event's levels without info`},
+		{"corefile", nil, ownLevel, `the Corefile's k8s_event sets "level error" without info`},
+		{"reload", nil, noReload, "the Corefile has no reload directive in a server block"},
+	} {
+		c, _ := nodeLocalCluster(t, nodeLocalVariants["replaced"], 2)
+		if tc.edit != nil {
+			cm, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, "node-local-dns", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.edit(cm)
+			if _, err := c.CoreV1().ConfigMaps("kube-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o := Options{Image: nodeCacheImage, Kind: kindDaemonSet, Deployment: "node-local-dns", Wait: 30 * time.Second, Settle: time.Second, Options: tc.options}
+		var out bytes.Buffer
+		o.Out, o.DryRun = &out, true
+		err := Install(ctx, c, o)
+		if !IsRefused(err) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "plugin/reload: Running configuration SHA512") || !strings.Contains(err.Error(), "--force") {
+			t.Errorf("%s: %v, want the refusal saying %q", tc.name, err, tc.want)
+		}
+		out.Reset()
+		o.Force, o.DryRun = true, false
+		if err := Install(ctx, c, o); err != nil {
+			t.Fatalf("%s, --force: %v\n%s", tc.name, err, out.String())
+		}
+		if !strings.Contains(out.String(), "warning: --force: "+tc.want) || !strings.Contains(out.String(), "no startup event waited for (--force went past") {
+			t.Errorf("%s, --force: the run does not say it settled without the event:\n%s", tc.name, out.String())
+		}
 	}
 }

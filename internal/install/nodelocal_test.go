@@ -3,7 +3,9 @@ package install
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 const nodeLocalManifest = "cluster/addons/dns/nodelocaldns/nodelocaldns.yaml"
@@ -280,35 +284,90 @@ func TestNodeLocalDNSInReconcileModeIsRefused(t *testing.T) {
 	}
 }
 
-// Settled, for node-local-dns, looks for k8s_event's events on the new
-// pods by their UID, and says which have none.
+// Settled, for node-local-dns, waits for k8s_event's events on the new
+// pods, told by their UID: an event of an earlier pod of that name, or
+// another writer's, is none; pods with none by their due time fail,
+// named, at once when their container started longer ago than the wait;
+// an event that comes after a few reads settles.
 func TestPluginEventsOnTheNewPods(t *testing.T) {
 	pod := func(name, uid string) corev1.Pod {
 		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", UID: types.UID(uid)}}
 	}
-	event := func(name, pod, uid string, labels map[string]string) *corev1.Event {
-		return &corev1.Event{
-			ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: "kube-system", Labels: labels},
-			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: pod, Namespace: "kube-system", UID: types.UID(uid)},
-		}
-	}
 	ours := map[string]string{eventLabel: "warning", "coredns.io/plugin": "forward"}
 	c := newClient(
-		event("a.1", "nl-a", "uid-a", ours),
-		event("b.1", "nl-b", "uid-old-b", ours), // an earlier pod of that name
-		event("c.1", "nl-c", "uid-c", nil),      // the kubelet's
+		startupEvent("a.1", pod("nl-a", "uid-a"), ours),
+		startupEvent("b.1", pod("nl-b", "uid-old-b"), ours), // an earlier pod of that name
+		startupEvent("c.1", pod("nl-c", "uid-c"), nil),      // the kubelet's
 	)
-	note := pluginEvents(context.Background(), c, []corev1.Pod{pod("nl-a", "uid-a"), pod("nl-b", "uid-b"), pod("nl-c", "uid-c")})
-	if !strings.Contains(note, "no event of k8s_event yet on nl-b, nl-c") {
-		t.Errorf("note %q", note)
+	ctx := context.Background()
+	start := time.Now()
+	err := pluginEvents(ctx, c, []corev1.Pod{pod("nl-a", "uid-a"), pod("nl-b", "uid-b"), pod("nl-c", "uid-c")}, nil, 1500*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "no event of k8s_event on pod nl-b, nl-c within 1.5s") {
+		t.Errorf("pods without their event: %v", err)
 	}
-	if note := pluginEvents(context.Background(), c, []corev1.Pod{pod("nl-a", "uid-a")}); note != "" {
-		t.Errorf("note %q, want none", note)
+	if took := time.Since(start); took < 1500*time.Millisecond {
+		t.Errorf("gave up after %v, before the pods were due", took)
 	}
+	if err := pluginEvents(ctx, c, []corev1.Pod{pod("nl-a", "uid-a")}, nil, time.Minute); err != nil {
+		t.Errorf("a pod with its event: %v", err)
+	}
+
+	late := pod("nl-d", "uid-d")
+	reads := writesStartupEventOn(c, late, 3)
+	if err := pluginEvents(ctx, c, []corev1.Pod{late}, nil, time.Minute); err != nil || *reads < 4 {
+		t.Errorf("an event written after %d reads: %v", *reads, err)
+	}
+	cut, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if err := pluginEvents(cut, c, []corev1.Pod{pod("nl-e", "uid-e")}, nil, time.Minute); err == nil || !strings.Contains(err.Error(), "the rollout's deadline") {
+		t.Errorf("the deadline passed: %v", err)
+	}
+
+	// Due from its container's start: one that ran a while fails at once.
+	old := pod("nl-f", "uid-f")
+	old.Spec.Containers = []corev1.Container{{Name: "node-cache"}}
+	old.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "node-cache", State: corev1.ContainerState{
+		Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(time.Now().Add(-2 * time.Minute))},
+	}}}
+	start = time.Now()
+	if err := pluginEvents(ctx, c, []corev1.Pod{old}, &target{}, time.Minute); err == nil || time.Since(start) > 10*time.Second {
+		t.Errorf("a pod past its due time: %v after %v", err, time.Since(start))
+	}
+
 	tg := &target{layout: layoutByName(t, "node-local-dns")}
 	if !tg.settlesOnEvent() || (&target{}).settlesOnEvent() {
 		t.Errorf("settlesOnEvent: node-local-dns %v, another %v", tg.settlesOnEvent(), (&target{}).settlesOnEvent())
 	}
+}
+
+// startupEvent is an event named name on p, labelled labels.
+func startupEvent(name string, p corev1.Pod, labels map[string]string) *corev1.Event {
+	return &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: p.Namespace, Labels: labels},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: p.Name, Namespace: p.Namespace, UID: p.UID},
+		Reason:         "CoreDNSInfo",
+		Message:        startupLine,
+	}
+}
+
+// writesStartupEventOn stands in for k8s_event on p: its startup event
+// is there from the read of p's events after the first after. It returns
+// the count of those reads.
+func writesStartupEventOn(c *fake.Clientset, p corev1.Pod, after int) *int {
+	var mu sync.Mutex
+	reads := new(int)
+	c.PrependReactor("list", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.ListAction).GetListRestrictions().Fields.String() != "involvedObject.name="+p.Name {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if *reads++; *reads == after+1 {
+			_ = c.Tracker().Add(startupEvent(p.Name+".startup", p, map[string]string{eventLabel: "info"}))
+		}
+		return false, nil, nil
+	})
+	return reads
 }
 
 // node-cache's Corefile template is where -basecorefile says, in any

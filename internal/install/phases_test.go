@@ -9,7 +9,9 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -161,5 +163,105 @@ func TestJSONReportIsWhatApplyReturned(t *testing.T) {
 	}
 	if !strings.Contains(res.Error, "patch deployment ns/d") {
 		t.Errorf("-o json error %q", res.Error)
+	}
+}
+
+// reportedWrites records the writes c is asked for, but the lock's and
+// the one that gives up the install's field ownership after a rollout,
+// which no report lists, each as "VERB KIND": VERB create, delete or
+// change (a patch or an update).
+func reportedWrites(c *fake.Clientset) func() []string {
+	var mu sync.Mutex
+	var got []string
+	c.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		verb, res := a.GetVerb(), a.GetResource().Resource
+		if p, ok := a.(k8stesting.PatchAction); ok && strings.Contains(string(p.GetPatch()), `"managedFields"`) {
+			return false, nil, nil
+		}
+		switch {
+		case res == "selfsubjectaccessreviews" || res == "leases" || isDryRun(a):
+		case verb == "create" || verb == "delete":
+			mu.Lock()
+			got = append(got, verb+" "+strings.TrimSuffix(res, "s"))
+			mu.Unlock()
+		case verb == "patch" || verb == "update":
+			mu.Lock()
+			got = append(got, "change "+strings.TrimSuffix(res, "s"))
+			mu.Unlock()
+		}
+		return false, nil, nil
+	})
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := slices.Clone(got)
+		slices.Sort(out)
+		got = nil
+		return out
+	}
+}
+
+// changesWritten are the changes of -o json out that are writes, as
+// reportedWrites says them.
+func changesWritten(t *testing.T, out []byte) []string {
+	t.Helper()
+	var res Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("-o json: %v\n%s", err, out)
+	}
+	var got []string
+	for _, ch := range res.Changes {
+		switch ch.Action {
+		case "keep":
+		case "create", "delete":
+			got = append(got, ch.Action+" "+ch.Kind)
+		default:
+			got = append(got, "change "+ch.Kind)
+		}
+	}
+	slices.Sort(got)
+	return got
+}
+
+// Every write of a run, those during and after the rollout and those
+// that put back a failed one included, is in its -o json, which is made
+// of what the phases returned: a write made and not returned fails here.
+// The runs: node-local-dns installed, uninstalled, and installed with an
+// image whose pods crash (its canary fails and all is put back).
+func TestEveryWriteOfARunIsInItsReport(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, k := nodeLocalCluster(t, nodeLocalVariants["replaced"], 3)
+	startupEvents(c, nodeCacheImage, 0)
+	made := reportedWrites(c)
+	o := Options{Image: nodeCacheImage, Kind: kindDaemonSet, Deployment: "node-local-dns", Wait: 30 * time.Second, Settle: time.Second, JSON: true}
+	const crash = "registry.example/k8s-dns-node-cache:1.26.4-k8s-event-crash"
+	for _, run := range []struct {
+		name  string
+		fails bool
+		do    func(Options) error
+	}{
+		{"install", false, func(o Options) error { return Install(ctx, c, o) }},
+		{"uninstall", false, func(o Options) error { return Uninstall(ctx, c, o) }},
+		{"install that fails", true, func(o Options) error {
+			k.mu.Lock()
+			k.crash = crash
+			k.mu.Unlock()
+			o.Image = crash
+			return Install(ctx, c, o)
+		}},
+	} {
+		var out bytes.Buffer
+		o.Out = &out
+		if err := run.do(o); (err != nil) != run.fails {
+			t.Fatalf("%s: %v\n%s", run.name, err, out.String())
+		}
+		wrote, said := made(), changesWritten(t, out.Bytes())
+		if !slices.Equal(wrote, said) {
+			t.Errorf("%s: the writes made and those -o json lists differ:\n  made %q\n  said %q", run.name, wrote, said)
+		}
+		if len(wrote) < 4 {
+			t.Errorf("%s: %d writes: %q", run.name, len(wrote), wrote)
+		}
 	}
 }

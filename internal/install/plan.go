@@ -76,6 +76,8 @@ type planner struct {
 	rep     planReport
 	// fleet is what the install does about the fleet option.
 	fleet fleetPlan
+	// level is the level line the install adds (planLevels); "" when none.
+	level string
 }
 
 // planReport is what a plan says of itself: the fields of Result it
@@ -169,11 +171,13 @@ func (pl *planner) decide(ctx context.Context, c kubernetes.Interface, t *target
 		return nil, nil, err
 	}
 	pl.planFleet(t.w.kind(), int(t.w.replicas()), cf)
+	pl.planLevels(t, cf)
 	refuse = append(refuse, pl.extraKeyRefusals(src, orig)...)
 	p := &installPlan{w: t.w, t: t}
 	if p.gen, err = pl.planConfigMap(t, orig, src, cf, m); err != nil {
 		return nil, nil, err
 	}
+	refuse = append(refuse, pl.planEvent(t, p.gen.Data[t.key], m)...)
 	want, err := pl.planTemplate(p, orig, src)
 	if err != nil {
 		return nil, nil, err

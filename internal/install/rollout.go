@@ -105,31 +105,50 @@ func podReady(p *corev1.Pod) bool {
 // putBack patches back to before's what the run sets in the workload's
 // template (the image and variables of t's container, the config volume,
 // the record), keeping what others changed meanwhile and the strategy it
-// has now, and waits for that rollout.
-func putBack(ctx context.Context, c kubernetes.Interface, before workload, t *target, within time.Duration) error {
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		now, err := before.get(ctx, c)
-		if err != nil {
-			return err
-		}
-		p, err := workloadPatch(now, putBackTemplate(now, before, t))
-		if err != nil || p == nil {
-			return err
-		}
-		return now.patch(ctx, c, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager})
-	})
+// has now, deletes the pods no controller replaces, and waits for that
+// rollout. It returns what it went through.
+func putBack(ctx context.Context, c kubernetes.Interface, before workload, t *target, within time.Duration) (applied, error) {
+	a, err := applyStep(ctx, templatePutBack(c, before, t))
 	if err != nil {
-		return err
+		return a, err
 	}
 	now, err := before.get(ctx, c)
 	if err != nil {
-		return err
+		return a, err
 	}
-	if err := now.replaceStale(ctx, c, t); err != nil {
-		return err
+	stale, err := now.staleSteps(ctx, c, t)
+	if err != nil {
+		return a, err
+	}
+	b, err := apply(ctx, stale, false)
+	a = a.add(b)
+	if err != nil {
+		return a, fmt.Errorf("deleting the pods of the failed template: %w", err)
 	}
 	_, err = waitRollout(ctx, c, before, within, nil)
-	return err
+	return a, err
+}
+
+// templatePutBack is the patch that puts back the template as before had
+// it (see putBack), after a rollout that failed.
+func templatePutBack(c kubernetes.Interface, before workload, t *target) step {
+	return step{
+		change: Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "template put back as it was: the rollout failed"},
+		line:   "put back " + ref(before),
+		do: func(ctx context.Context) error {
+			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				now, err := before.get(ctx, c)
+				if err != nil {
+					return err
+				}
+				p, err := workloadPatch(now, putBackTemplate(now, before, t))
+				if err != nil || p == nil {
+					return err
+				}
+				return now.patch(ctx, c, types.StrategicMergePatchType, p.body, metav1.PatchOptions{FieldManager: FieldManager})
+			})
+		},
+	}
 }
 
 // putBackTemplate is now with what the run sets in the template (see
@@ -246,24 +265,39 @@ func unusedConfigMaps(ctx context.Context, c kubernetes.Interface, w workload, k
 	return out, nil
 }
 
-// prune deletes the Corefile ConfigMaps nothing reads any more.
-func (r *run) prune(ctx context.Context, c kubernetes.Interface, w workload, keep string) error {
+// prune deletes the Corefile ConfigMaps nothing reads any more, and
+// returns what it went through.
+func prune(ctx context.Context, c kubernetes.Interface, w workload, keep string) (applied, error) {
 	d, err := w.get(ctx, c)
 	if err != nil {
-		return err
+		return applied{}, err
 	}
 	ns, name := w.meta().Namespace, w.meta().Name
 	unused, err := unusedConfigMaps(ctx, c, d, keep)
 	if err != nil {
-		return err
+		return applied{}, err
 	}
+	var steps []step
 	for _, cm := range unused {
-		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, Detail: "no revision of " + strings.ToLower(w.kind()) + " " + name + " reads it"}, "delete configmap "+ns+"/"+cm)
-		if err := c.CoreV1().ConfigMaps(ns).Delete(ctx, cm, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return err
-		}
+		steps = append(steps, step{
+			change: Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, Detail: "no revision of " + strings.ToLower(w.kind()) + " " + name + " reads it"},
+			line:   "delete configmap " + ns + "/" + cm,
+			do: func(ctx context.Context) error {
+				err := c.CoreV1().ConfigMaps(ns).Delete(ctx, cm, metav1.DeleteOptions{})
+				if apierrors.IsNotFound(err) {
+					return nil
+				}
+				return err
+			},
+		})
 	}
-	return nil
+	return apply(ctx, steps, false)
+}
+
+// strategyStep is the patch that gives before's rollout settings back,
+// said as ch.
+func strategyStep(c kubernetes.Interface, before workload, ch Change, line string) step {
+	return step{change: ch, line: line, do: func(ctx context.Context) error { return setStrategy(ctx, c, before) }}
 }
 
 // rollout waits for the rollout the run started, checks it and waits for
@@ -297,13 +331,16 @@ func (r *run) rollout(ctx context.Context, c kubernetes.Interface, before worklo
 	bctx, cancel := after()
 	defer cancel()
 	if tmp {
-		if err := setStrategy(bctx, c, before); err != nil {
+		a, err := applyStep(bctx, strategyStep(c, before, Change{Action: "patch", Kind: kindName(before), Name: nsName(before), Detail: "strategy back to " + before.rolloutString()}, "patch "+ref(before)))
+		if err != nil {
 			r.res.Undo = strategyCommand(before)
 			return fmt.Errorf("the rollout is done, but putting back the strategy failed (%v): run\n  %s", err, r.res.Undo)
 		}
-		r.change(Change{Action: "patch", Kind: kindName(before), Name: nsName(before), Detail: "strategy back to " + before.rolloutString()}, "patch "+ref(before))
+		r.wrote(a)
 	}
-	if err := r.afterRollout(bctx, c, before, gen); err != nil {
+	a, err := afterRollout(bctx, c, before, gen)
+	r.wrote(a)
+	if err != nil {
 		return err
 	}
 	if o.Wait > 0 {
@@ -324,8 +361,9 @@ func (e *changedError) Error() string { return e.err.Error() }
 func (r *run) rollAndSettle(ctx context.Context, c kubernetes.Interface, before workload, tmp bool, t *target, verify func(workload) error) error {
 	// One deadline bounds the canary, the batches, the rollout and the
 	// settle alike: --timeout, and the settle time the last pods must
-	// then stay Ready for.
-	ctx, cancel := context.WithTimeout(ctx, r.o.Wait+settleFor(before, r.o))
+	// then stay Ready for; where the rollout settles on k8s_event's
+	// startup event, the longest a pod may take to write it too.
+	ctx, cancel := context.WithTimeout(ctx, r.o.Wait+settleFor(before, r.o)+t.events.wait)
 	defer cancel()
 	if tmp {
 		if err := before.rollStages(ctx, c, r, t, settleFor(before, r.o)); err != nil {
@@ -358,17 +396,19 @@ func (r *run) strategyBack(after func() (context.Context, context.CancelFunc), c
 	}
 	bctx, cancel := after()
 	defer cancel()
-	if serr := setStrategy(bctx, c, before); serr != nil {
+	a, serr := applyStep(bctx, strategyPutBack(c, before))
+	r.wrote(a)
+	if serr != nil {
 		r.res.Undo = strategyCommand(before)
 		return fmt.Errorf("%w; putting back the strategy failed (%v): run\n  %s", err, serr, r.res.Undo)
 	}
-	r.strategyChanged(before)
 	return err
 }
 
-// strategyChanged lists the patch that gave before's settings back.
-func (r *run) strategyChanged(before workload) {
-	r.change(Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "strategy put back as it was: " + before.rolloutString()}, "put back "+ref(before))
+// strategyPutBack is the patch that gives before's settings back after a
+// rollout that did not finish.
+func strategyPutBack(c kubernetes.Interface, before workload) step {
+	return strategyStep(c, before, Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "strategy put back as it was: " + before.rolloutString()}, "put back "+ref(before))
 }
 
 // putBackFailed puts back the template and the strategy after a rollout
@@ -378,15 +418,12 @@ func (r *run) strategyChanged(before workload) {
 func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before workload, tmp bool, t *target, err error) error {
 	ns := before.meta().Namespace
 	r.printf("%v\nputting back %s as it was\n", err, ref(before))
-	perr := putBack(ctx, c, before, t, min(r.o.Wait, 2*time.Minute))
-	if perr == nil {
-		r.change(Change{Action: "update", Kind: kindName(before), Name: nsName(before), Detail: "template put back as it was: the rollout failed"}, "put back "+ref(before))
-	}
+	a, perr := putBack(ctx, c, before, t, min(r.o.Wait, 2*time.Minute))
+	r.wrote(a)
 	var serr error
 	if tmp {
-		if serr = setStrategy(ctx, c, before); serr == nil {
-			r.strategyChanged(before)
-		}
+		a, serr = applyStep(ctx, strategyPutBack(c, before))
+		r.wrote(a)
 	}
 	if perr == nil && serr == nil {
 		// What the run created for the pods that did not start goes too.
@@ -419,30 +456,37 @@ func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before 
 }
 
 // afterRollout gives up the install's fields, prunes the ConfigMaps no
-// revision reads, and makes sure gen is there.
-func (r *run) afterRollout(ctx context.Context, c kubernetes.Interface, w workload, gen *corev1.ConfigMap) error {
+// revision reads, and makes sure gen is there; it returns what it went
+// through.
+func afterRollout(ctx context.Context, c kubernetes.Interface, w workload, gen *corev1.ConfigMap) (applied, error) {
 	ns := w.meta().Namespace
 	if err := releaseFields(ctx, c, w); err != nil {
-		return fmt.Errorf("%s: giving up the install's field ownership: %w", ref(w), err)
+		return applied{}, fmt.Errorf("%s: giving up the install's field ownership: %w", ref(w), err)
 	}
 	keep := ""
 	if gen != nil {
 		keep = gen.Name
 	}
-	if err := r.prune(ctx, c, w, keep); err != nil {
-		return err
-	}
-	if gen == nil {
-		return nil
+	a, err := prune(ctx, c, w, keep)
+	if err != nil || gen == nil {
+		return a, err
 	}
 	// Whatever ran meanwhile, the Corefile the workload reads is there.
-	if _, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-		r.change(Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "it was gone"}, "create configmap "+ns+"/"+gen.Name)
-		if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return err
-		}
+	if _, err := c.CoreV1().ConfigMaps(ns).Get(ctx, gen.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		return a, nil
 	}
-	return nil
+	b, err := apply(ctx, []step{{
+		change: Change{Action: "create", Kind: "configmap", Name: ns + "/" + gen.Name, Detail: "it was gone"},
+		line:   "create configmap " + ns + "/" + gen.Name,
+		do: func(ctx context.Context) error {
+			_, err := c.CoreV1().ConfigMaps(ns).Create(ctx, gen, metav1.CreateOptions{FieldManager: FieldManager})
+			if apierrors.IsAlreadyExists(err) {
+				return errKept
+			}
+			return err
+		},
+	}}, false)
+	return a.add(b), err
 }
 
 func ptrOr(p *int32, v int32) int32 {

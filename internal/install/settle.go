@@ -1,6 +1,7 @@
 package install
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -104,9 +105,20 @@ func settlePods(ctx context.Context, c kubernetes.Interface, w workload, t *targ
 		return "", err
 	}
 	if t.settlesOnEvent() {
-		return pluginEvents(ctx, c, pods), nil
+		return settleOnEvent(ctx, c, pods, t)
 	}
 	return askPods(ctx, pods, t)
+}
+
+// settleOnEvent waits for k8s_event's startup event on each of the new
+// pods, where the plan said to; else it says that readiness and restarts
+// decided.
+func settleOnEvent(ctx context.Context, c kubernetes.Interface, pods []corev1.Pod, t *target) (string, error) {
+	if t.events.wait > 0 {
+		return "", pluginEvents(ctx, c, pods, t, t.events.wait)
+	}
+	why := cmp.Or(t.events.why, "the new pods' DNS address is the node's, which the installer cannot ask, and they run no k8s_event to wait for")
+	return "DNS not asked and no startup event waited for (" + why + "): readiness and restarts decided", nil
 }
 
 // stopOn is err where waiting longer cannot help (the run may not read

@@ -97,12 +97,25 @@ func (r *run) uninstall(ctx context.Context, c kubernetes.Interface) error {
 // revision reads.
 func (r *run) finishCutOff(ctx context.Context, c kubernetes.Interface, d workload) error {
 	if fieldsHeld(d.meta()) {
-		r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, "patch "+ref(d)+", giving up the install's field ownership")
-		if err := releaseFields(ctx, c, d); err != nil {
+		a, err := applyStep(ctx, releaseStep(c, d))
+		if err != nil {
 			return fmt.Errorf("%s: giving up the install's field ownership: %w", ref(d), err)
 		}
+		r.wrote(a)
 	}
-	return r.prune(ctx, c, d, "")
+	a, err := prune(ctx, c, d, "")
+	r.wrote(a)
+	return err
+}
+
+// releaseStep is the patch that gives up the install's field ownership
+// of d, which a run cut off after its rollout left.
+func releaseStep(c kubernetes.Interface, d workload) step {
+	return step{
+		change: Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"},
+		line:   "patch " + ref(d) + ", giving up the install's field ownership",
+		do:     func(ctx context.Context) error { return releaseFields(ctx, c, d) },
+	}
 }
 
 // planUninstall works out the Deployment's patch that gives back what
@@ -244,15 +257,13 @@ func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interfa
 	if p.t.rec != nil {
 		when = "after the rollout"
 	}
+	var steps []step
 	if p.tmp && p.t.rec != nil {
-		for _, s := range dryStageSteps(d.operatorView()) {
-			r.change(s.change, s.line)
-		}
-		r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), When: when, Detail: "strategy back to " + d.operatorView().rolloutString()},
-			fmt.Sprintf("%s, patch %s", when, ref(d)))
+		steps = append(dryStageSteps(d.operatorView()), strategyStep(c, d.operatorView(), Change{Action: "patch", Kind: kindName(d), Name: nsName(d), When: when, Detail: "strategy back to " + d.operatorView().rolloutString()},
+			fmt.Sprintf("%s, patch %s", when, ref(d))))
 	}
 	if p.patch == nil && fieldsHeld(d.meta()) {
-		r.change(Change{Action: "patch", Kind: kindName(d), Name: nsName(d), Detail: "managedFields: the install's entry goes (a run was cut off before it gave up the fields it set)"}, "patch "+ref(d)+", giving up the install's field ownership")
+		steps = append(steps, releaseStep(c, d))
 	}
 	// The ConfigMaps no revision reads once the template given back
 	// rolls out: the planned template, not the one that reads the copy.
@@ -265,8 +276,10 @@ func (r *run) sayUninstallAfterRollout(ctx context.Context, c kubernetes.Interfa
 		return err
 	}
 	for _, cm := range unused {
-		r.change(Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of " + ref(d) + " reads it"}, "delete configmap "+ns+"/"+cm)
+		steps = append(steps, step{change: Change{Action: "delete", Kind: "configmap", Name: ns + "/" + cm, When: when, Detail: "no revision of " + ref(d) + " reads it"}, line: "delete configmap " + ns + "/" + cm})
 	}
+	a, _ := apply(ctx, steps, true)
+	r.wrote(a)
 	if err := r.rbacRemoval(ctx, c, d, when); err != nil {
 		return err
 	}
@@ -286,36 +299,50 @@ func uninstalled(t *target) func(workload) error {
 	}
 }
 
-// rbacRemoval deletes the Role and RoleBinding the install made; those of
-// the same names without its labels stay. A RoleBinding of the install's
-// that binds subjects others added loses only d's ServiceAccount, and the
-// Role it refers to stays.
+// rbacRemoval removes the Role and RoleBinding the install made (with a
+// dry run, says it), and reports what it went through.
 func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, w workload, when string) error {
+	steps, err := rbacRemovalSteps(ctx, c, w, when)
+	if err != nil {
+		return err
+	}
+	a, err := apply(ctx, steps, r.o.DryRun)
+	r.wrote(a)
+	return err
+}
+
+// rbacRemovalSteps are the deletes of the Role and RoleBinding the
+// install made; those of the same names without its labels stay. A
+// RoleBinding of the install's that binds subjects others added loses
+// only w's ServiceAccount, and the Role it refers to stays.
+func rbacRemovalSteps(ctx context.Context, c kubernetes.Interface, w workload, when string) ([]step, error) {
 	ns, deployment := w.meta().Namespace, w.meta().Name
 	base := deployment + "-k8s-event"
 	keepRole := false
+	var steps []step
+	keep := func(kind, name, detail, line string) {
+		steps = append(steps, step{change: Change{Action: "keep", Kind: kind, Name: ns + "/" + name, Detail: detail}, line: line})
+	}
 	// base-next: a RoleBinding made anew by a run cut off part way.
 	for _, it := range []struct{ kind, name string }{{"rolebinding", base + "-next"}, {"rolebinding", base}, {"role", base}} {
 		kind, name := it.kind, it.name
 		var meta metav1.ObjectMeta
-		var del func() error
+		var del func(context.Context) error
 		switch kind {
 		case "rolebinding":
 			b, err := c.RbacV1().RoleBindings(ns).Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				continue
 			} else if err != nil {
-				return err
+				return nil, err
 			}
 			meta = b.ObjectMeta
 			if others := otherSubjects(b, w); len(others) > 0 && ours(meta, deployment) {
 				keepRole = keepRole || b.RoleRef.Name == base
-				if err := r.unbind(ctx, c, b, others, when); err != nil {
-					return err
-				}
+				steps = append(steps, unbind(c, b, others, when))
 				continue
 			}
-			del = func() error {
+			del = func(ctx context.Context) error {
 				return c.RbacV1().RoleBindings(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &b.UID}})
 			}
 		case "role":
@@ -323,33 +350,24 @@ func (r *run) rbacRemoval(ctx context.Context, c kubernetes.Interface, w workloa
 			if apierrors.IsNotFound(err) {
 				continue
 			} else if err != nil {
-				return err
+				return nil, err
 			}
 			meta = ro.ObjectMeta
 			if keepRole && ours(meta, deployment) {
-				r.change(Change{Action: "keep", Kind: kind, Name: ns + "/" + name, Detail: "rolebinding " + ns + "/" + base + " still binds it to subjects others added: kept"}, fmt.Sprintf("keep %s %s/%s: rolebinding %s still binds it to subjects others added", kind, ns, name, base))
+				keep(kind, name, "rolebinding "+ns+"/"+base+" still binds it to subjects others added: kept", fmt.Sprintf("keep %s %s/%s: rolebinding %s still binds it to subjects others added", kind, ns, name, base))
 				continue
 			}
-			del = func() error {
+			del = func(ctx context.Context) error {
 				return c.RbacV1().Roles(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ro.UID}})
 			}
 		}
 		if !ours(meta, deployment) {
-			r.change(Change{Action: "keep", Kind: kind, Name: ns + "/" + name, Detail: fmt.Sprintf("not this tool's (no label %s=%s): kept", managedByLabel, FieldManager)}, fmt.Sprintf("keep %s %s/%s", kind, ns, name))
+			keep(kind, name, fmt.Sprintf("not this tool's (no label %s=%s): kept", managedByLabel, FieldManager), fmt.Sprintf("keep %s %s/%s", kind, ns, name))
 			continue
 		}
-		line := fmt.Sprintf("delete %s %s/%s", kind, ns, name)
-		if when != "" {
-			line = when + ", " + line
-		}
-		r.change(Change{Action: "delete", Kind: kind, Name: ns + "/" + name, When: when}, line)
-		if !r.o.DryRun {
-			if err := del(); err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-		}
+		steps = append(steps, deleteStep(Change{Action: "delete", Kind: kind, Name: ns + "/" + name, When: when}, whenLine(when, fmt.Sprintf("delete %s %s/%s", kind, ns, name)), del))
 	}
-	return nil
+	return steps, nil
 }
 
 // otherSubjects are the subjects of b other than d's ServiceAccount: those
@@ -369,20 +387,21 @@ func otherSubjects(b *rbacv1.RoleBinding, w workload) []rbacv1.Subject {
 	return out
 }
 
-// unbind takes d's ServiceAccount out of the install's RoleBinding b,
-// keeping the subjects others added to it.
-func (r *run) unbind(ctx context.Context, c kubernetes.Interface, b *rbacv1.RoleBinding, others []rbacv1.Subject, when string) error {
+// unbind is the update that takes w's ServiceAccount out of the
+// install's RoleBinding b, keeping the subjects others added to it.
+func unbind(c kubernetes.Interface, b *rbacv1.RoleBinding, others []rbacv1.Subject, when string) step {
 	name := b.Namespace + "/" + b.Name
-	line := fmt.Sprintf("update rolebinding %s: keep %s, bound by others", name, subjectsString(others))
-	if when != "" {
-		line = when + ", " + line
-	}
-	r.change(Change{Action: "update", Kind: "rolebinding", Name: name, When: when, Detail: "subjects others added kept: " + subjectsString(others)}, line)
-	if r.o.DryRun || len(others) == len(b.Subjects) {
-		return nil
-	}
 	want := b.DeepCopy()
 	want.Subjects = others
-	_, err := c.RbacV1().RoleBindings(b.Namespace).Update(ctx, want, metav1.UpdateOptions{FieldManager: FieldManager})
-	return err
+	return step{
+		change: Change{Action: "update", Kind: "rolebinding", Name: name, When: when, Detail: "subjects others added kept: " + subjectsString(others)},
+		line:   whenLine(when, fmt.Sprintf("update rolebinding %s: keep %s, bound by others", name, subjectsString(others))),
+		do: func(ctx context.Context) error {
+			if len(others) == len(b.Subjects) {
+				return nil
+			}
+			_, err := c.RbacV1().RoleBindings(b.Namespace).Update(ctx, want, metav1.UpdateOptions{FieldManager: FieldManager})
+			return err
+		},
+	}
 }

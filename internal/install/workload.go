@@ -82,9 +82,9 @@ type workload interface {
 	// before its controller rolls the rest: a DaemonSet's canary, then its
 	// batches. The workload is the operator's view.
 	rollStages(ctx context.Context, c kubernetes.Interface, r *run, t *target, settle time.Duration) error
-	// replaceStale deletes the pods that no controller replaces after
-	// the template was put back (a DaemonSet's OnDelete).
-	replaceStale(ctx context.Context, c kubernetes.Interface, t *target) error
+	// staleSteps are the deletes of the pods that no controller replaces
+	// after the template was put back (a DaemonSet's OnDelete).
+	staleSteps(ctx context.Context, c kubernetes.Interface, t *target) ([]step, error)
 }
 
 // ref is how messages name w: "deployment kube-system/coredns".
