@@ -83,7 +83,7 @@ func appendShape(b []byte, s string, f *found) []byte {
 			m |= classes[c]
 			continue
 		}
-		if label := s[start:i]; oneLabelName(label, s[i+1:]) {
+		if label := s[start:i]; mayBeOneLabel(label, s[i+1:]) && oneLabelName(label, s[i+1:]) {
 			f.saw(shapeName, label[:len(label)-1])
 			b = append(append(b, shapeName...), '.', c)
 		} else if m&shaped == 0 && !maybeRR(s[start:i]) {
@@ -120,6 +120,11 @@ func oneLabelName(w, rest string) bool {
 		rest = rest[:i]
 	}
 	return letter && rrShape(strings.TrimSuffix(rest, ":")) == shapeType
+}
+
+// mayBeOneLabel is oneLabelName's first test, inlined: most words fail it.
+func mayBeOneLabel(w, rest string) bool {
+	return len(w) >= 2 && w[len(w)-1] == '.' && rest != "" && rest[0] >= 'A' && rest[0] <= 'Z'
 }
 
 // maxRRWord is the length of the longest query type or class CoreDNS prints: NSEC3PARAM,
