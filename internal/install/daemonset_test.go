@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -197,7 +198,9 @@ func (k *dsController) newPod(ds *appsv1.DaemonSet, node, hash string) *corev1.P
 	for key, v := range ds.Spec.Template.Labels {
 		labels[key] = v
 	}
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%s-%d", ds.Name, node, hash, k.created[img]), Namespace: ds.Namespace,
+	name := fmt.Sprintf("%s-%s-%s-%d", ds.Name, node, hash, k.created[img])
+	// Each pod has a UID of its own, as the API server gives: an event names its pod by it.
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ds.Namespace, UID: types.UID("uid-" + name),
 		Labels: labels, Annotations: ds.Spec.Template.Annotations}, Spec: *ds.Spec.Template.Spec.DeepCopy()}
 	p.Spec.NodeName = node
 	ready := img != k.crash

@@ -425,6 +425,11 @@ func (r *run) putBackFailed(ctx context.Context, c kubernetes.Interface, before 
 		a, serr = applyStep(ctx, strategyPutBack(c, before))
 		r.wrote(a)
 	}
+	// The put back is written as the install: what it set is the operator's again, owned by
+	// nobody, so that the next server-side apply sets it without a conflict.
+	if ferr := releaseFields(ctx, c, before); ferr != nil {
+		err = fmt.Errorf("%w; the install's field ownership not given up (%v): uninstall gives it up", err, ferr)
+	}
 	if perr == nil && serr == nil {
 		// What the run created for the pods that did not start goes too.
 		r.takeBack(ctx)
