@@ -25,6 +25,7 @@ const (
 // UID, the scheduler reads the pod before the first create, since `kubectl describe pod` lists only
 // events that carry it. The read is a list of pods with a field selector on the name, which the
 // rights CoreDNS has for its kubernetes plugin allow (list, watch); when list is refused, a get.
+// Creates wait for at most two reads answered 429 (see tries).
 // Owned by the scheduler's goroutine.
 type podIdentity struct {
 	ref  corev1.ObjectReference

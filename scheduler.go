@@ -92,21 +92,17 @@ type scheduler struct {
 	buckets  [numBuckets]*bucket
 	queues   [numBuckets]*tokenQueue // who takes each bucket's next token (queue.go)
 	// entries waiting for a time: a backoff, a Retry-After, a quiet
-	timers  jobHeap
-	now     time.Time // of the message being handled
-	flights map[uint64]flight
-	lastID  uint64
-	pod     podIdentity
-	push    pushback // the API server's 429s: every bucket waits
-	// answered429 is, by bucket, the 429s answered to its requests, and held the holds and gaps of
-	// all 429s, since it last had no line waiting: the bound shown counts them (showDelays)
-	answered429 [numBuckets]int
-	held        [numBuckets]time.Duration
-	fleet       *fleet // the share of the fleet option, and the herd spread
-	names       *eventNames
-	rand        *rand.Rand
-	doubtful    int64 // lines dropped whose latest write may have landed unanswered
-	settled     bool  // an evicted entry began to settle: it may be sent now
+	timers   jobHeap
+	now      time.Time // of the message being handled
+	flights  map[uint64]flight
+	lastID   uint64
+	pod      podIdentity
+	push     pushback // the API server's 429s: every bucket waits
+	fleet    *fleet   // the share of the fleet option, and the herd spread
+	names    *eventNames
+	rand     *rand.Rand
+	doubtful int64 // lines dropped whose latest write may have landed unanswered
+	settled  bool  // an evicted entry began to settle: it may be sent now
 	// observed is the time of the latest line taken: a storm is not said to
 	// end while lines of before its quiet may still be on their way.
 	observed time.Time
@@ -117,6 +113,11 @@ type scheduler struct {
 	stopping   bool
 	expired    bool // the flush's deadline passed: nothing more is sent
 	deadline   time.Time
+
+	// answered429 is, by bucket, the 429s answered to its requests, and held the holds and gaps of
+	// all 429s, since it last had no line waiting: the bound shown counts them (showDelays)
+	answered429 [numBuckets]int
+	held        [numBuckets]time.Duration
 }
 
 func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
@@ -432,7 +433,9 @@ func (s *scheduler) holding(b level, e *job, now time.Time) bool {
 // of a new line: a refill for each plugin waiting, one more for each re-create waiting (its
 // plugin's turn is of two writes) and one for a new event of its own plugin and shape after it (new
 // events go first within a shape), the write, and a refill and a write's time for each read of the
-// pod, and of N with fleet, left.
+// pod, and of N with fleet, left (once N is read, a stale N's read's time); and, since the reason
+// last had no line waiting, a refill for each 429 answered to its requests, and every 429's hold
+// and gaps.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		since := s.showPlugins(l)
