@@ -193,3 +193,39 @@ func TestQuietPluginsLineIsNotHeldARefillByAReadOfAStaleN(t *testing.T) {
 			"reads: %v", wait, stated, reads(api))
 	}
 }
+
+// TestCreatesWithoutTheUIDReadThePodAgainOncePerCreate: docs/design.md,
+// "The pod's UID": after two reads answered 429 creates go without the UID,
+// naming the pod by namespace and name; the read is made again, once its
+// backoff passed, before the next create written since, and once it is
+// answered the creates carry the UID.
+func TestCreatesWithoutTheUIDReadThePodAgainOncePerCreate(t *testing.T) {
+	h, api, clk := newPodHarness(t, testConfig(all, 100, 100, 64))
+	api.setFault(func(r apiRequest) fault {
+		if r.resource == "pods" {
+			return fault{code: http.StatusTooManyRequests, retryAfter: 1}
+		}
+		return fault{}
+	})
+	h.observe(ln(levelError, "errors", "upstream A down", clk.Now()))
+	h.advance(time.Minute)
+	evs := events(t, api)
+	if len(evs) != 1 || evs[0].InvolvedObject.UID != "" ||
+		evs[0].InvolvedObject.Name != testRef.Name || evs[0].InvolvedObject.Namespace != testRef.Namespace {
+		t.Fatalf("events %v after two reads answered 429, want one create naming the pod, no UID",
+			evs)
+	}
+	if n := len(podReads(api)); n != 2 {
+		t.Errorf("%d reads of the pod before the create, want 2", n)
+	}
+	api.setFault(nil)
+	h.observe(ln(levelError, "errors", "upstream B down", clk.Now()))
+	h.advance(time.Minute)
+	if n := len(podReads(api)); n != 3 {
+		t.Errorf("%d reads of the pod, want one more before the second create", n)
+	}
+	evs = events(t, api)
+	if len(evs) != 2 || evs[1].InvolvedObject.UID != "uid-9" {
+		t.Errorf("UIDs %v, want the second create to carry uid-9", uidsOf(evs))
+	}
+}
