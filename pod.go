@@ -3,6 +3,7 @@ package k8s_event
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"time"
 
@@ -24,6 +25,7 @@ const (
 // UID, the scheduler reads the pod before the first create, since `kubectl describe pod` lists only
 // events that carry it. The read is a list of pods with a field selector on the name, which the
 // rights CoreDNS has for its kubernetes plugin allow (list, watch); when list is refused, a get.
+// Creates wait for at most two reads answered 429 (see tries).
 // Owned by the scheduler's goroutine.
 type podIdentity struct {
 	ref  corev1.ObjectReference
@@ -35,7 +37,16 @@ type podIdentity struct {
 	nextTry  time.Time
 	asked    time.Time // no read before this, even at shutdown: a Retry-After
 	failures int
+	// tries counts the reads answered 429 or refused; after podReadsTried of them creates no
+	// longer wait: they go without the UID (the pod named by namespace and name), and the read is
+	// made again, once due, before a create at most once per create written. A read with no answer
+	// or a 5xx is waited for: the server is away, and a create would fail as well.
+	tries int
+	owed  bool // a create went without the UID since the latest read: one read may come first
 }
+
+// podReadsTried is the reads of the pod a create waits for at most: a list, then a list or a get.
+const podReadsTried = 2
 
 // podFromEnv reads the downward-API variables. Without a pod name and
 // namespace, events go to the default namespace, as the plugin always did.
@@ -71,9 +82,20 @@ func (id *podIdentity) readDue(now time.Time, stopping bool) (wait time.Duration
 		return max(id.asked.Sub(now), 0), id.lookup && id.asked.After(now)
 	}
 	if id.reading != 0 {
-		return -1, true
+		return -1, id.tries < podReadsTried
 	}
-	return max(id.nextTry.Sub(now), id.asked.Sub(now), 0), true
+	w := max(id.nextTry.Sub(now), id.asked.Sub(now), 0)
+	if id.tries >= podReadsTried { // a read only before a create written since, and once due
+		return w, id.owed && w == 0
+	}
+	return w, true
+}
+
+// wentWithout notes a create that left without the UID while it is still to find.
+func (id *podIdentity) wentWithout() {
+	if id.lookup {
+		id.owed = true
+	}
 }
 
 // readsLeft is how many reads a create may still wait for: a list refused is made again as a get.
@@ -81,10 +103,12 @@ func (id *podIdentity) readsLeft() int {
 	switch {
 	case !id.lookup:
 		return 0
-	case id.verb == verbListPod:
-		return 2
+	case id.tries >= podReadsTried && id.owed:
+		return 1
+	case id.tries >= podReadsTried:
+		return 0
 	}
-	return 1
+	return podReadsTried - id.tries
 }
 
 func (id *podIdentity) read(reqID uint64) request {
@@ -109,6 +133,10 @@ func (id *podIdentity) readDone(res result, now time.Time, r *rand.Rand) error {
 		id.ref.UID, id.lookup = res.uid, false
 		return nil
 	}
+	if statusCode(res.err) == http.StatusTooManyRequests || res.outcome == writeRefused {
+		id.tries++ // the server is there, and writes may pass where reads do not
+	}
+	id.owed = false
 	if res.outcome == writeRefused {
 		if id.verb == verbListPod {
 			id.verb = verbGetPod

@@ -113,6 +113,11 @@ type scheduler struct {
 	stopping   bool
 	expired    bool // the flush's deadline passed: nothing more is sent
 	deadline   time.Time
+
+	// answered429 is, by bucket, the 429s answered to its requests, and held the holds and gaps of
+	// all 429s, since it last had no line waiting: the bound shown counts them (showDelays)
+	answered429 [numBuckets]int
+	held        [numBuckets]time.Duration
 }
 
 func newScheduler(set config, pod podIdentity, now time.Time) *scheduler {
@@ -343,7 +348,10 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			if must {
 				break
 			}
-			fleetRead = s.fleetReadable(due, now)
+			// a stale N is read again only when the write has its token, which the read does not
+			// take (the read bucket bounds those reads): the write goes with it, not a refill later
+			stale := s.fleet.n > 0
+			fleetRead = s.fleetReadable(due && (!stale || bk.wait(now) == 0), now)
 			write = !fleetRead
 		}
 		if !s.stopping { // the herd spread: reads of the pod and the workload too
@@ -363,6 +371,12 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			break
 		}
 		id := s.nextID()
+		if fleetRead && s.fleet.n > 0 { // a read of a stale N: the read bucket's token alone
+			s.push.sent(now, s.rand)
+			s.flights[id] = flight{bucket: b, verb: s.fleet.next, fleet: true}
+			reqs = append(reqs, s.fleet.read(id, s.pod.namespace(), now))
+			continue
+		}
 		if !bk.take(id, now) {
 			s.deferred(e, b)
 			soon(now.Add(bk.wait(now)))
@@ -381,6 +395,9 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		}
 		s.fleet.take(b, id, now)
 		s.fleet.wrote()
+		if e.lines == nil || e.lines.name == "" {
+			s.pod.wentWithout()
+		}
 		q.served(e, id)
 		q.flying[e.key.plugin]++
 		reqs = append(reqs, s.prepare(e, id, b, now))
@@ -416,7 +433,9 @@ func (s *scheduler) holding(b level, e *job, now time.Time) bool {
 // of a new line: a refill for each plugin waiting, one more for each re-create waiting (its
 // plugin's turn is of two writes) and one for a new event of its own plugin and shape after it (new
 // events go first within a shape), the write, and a refill and a write's time for each read of the
-// pod, and of N with fleet, left.
+// pod, and of N with fleet, left (once N is read, a stale N's read's time); and, since the reason
+// last had no line waiting, a refill for each 429 answered to its requests, and every 429's hold
+// and gaps.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		since := s.showPlugins(l)
@@ -427,13 +446,34 @@ func (s *scheduler) showDelays() {
 		// each read left takes a token and its time: of the pod, a list then a get; of N, up to
 		// three
 		reads := float64(s.pod.readsLeft() + s.fleet.readsLeft())
+		if since == 0 { // no line waits: the 429s of before hold none
+			s.answered429[l], s.held[l] = 0, 0
+		}
 		q := s.queues[l]
 		turns := float64(max(len(q.turns), 1)+min(q.recreating, len(q.turns))+1) + reads
+		turns += float64(s.answered429[l]) // each a token spent, a refill more
 		refills := min(turns/qps, 365*24*3600)
 		bound := time.Duration(refills*1e9) + writeTimeout*time.Duration(1+reads)
-		bound += s.fleet.window()
+		bound += s.fleet.window() + s.held[l]
+		if s.fleet.on() && s.fleet.n > 0 { // a write waits for the read of a stale N
+			bound += writeTimeout
+		}
 		delays[l].since.Store(since)
 		delays[l].bound.Store(int64(bound))
+	}
+}
+
+// tooMany books a 429 answered to a request of bucket b for the bounds shown: its token spent,
+// the bucket's line waits a refill more; every bucket waits its hold, at most 1.2 times the
+// Retry-After (at least pushbackMin), and two gaps of at most 1.2 s.
+func (s *scheduler) tooMany(b level, retryAfter time.Duration) {
+	if b < levelFatal { // a fatal line's create waits for nothing, and an end shows no bound
+		s.answered429[b]++
+	}
+	hold := max(retryAfter, pushbackMin)
+	hold += hold/5 + 2*(pushbackGap+pushbackGap/5)
+	for l := levelDebug; l < levelFatal; l++ {
+		s.held[l] += hold
 	}
 }
 
@@ -638,6 +678,7 @@ func (s *scheduler) outcome(res result, now time.Time) {
 	switch code := statusCode(res.err); {
 	case code == http.StatusTooManyRequests:
 		heldTotal.Add(s.push.tooMany(now, res.retryAfter, s.rand).Seconds())
+		s.tooMany(f.bucket, res.retryAfter)
 	case res.err != nil && (code == 0 || code >= 500): // the API server is away
 		s.fleet.outage()
 	case res.err == nil || code != 0: // answered, within the server's budget
