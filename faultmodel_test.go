@@ -363,11 +363,18 @@ func (m *model) fault(r apiRequest) fault {
 		// look.
 		if fl, ok := m.h.s.flights[m.h.sending.id]; ok && (fl.read || fl.fleet) {
 			r.reason = bucketName(fl.bucket)
+			if fl.fleet && m.h.s.fleet.n > 0 { // a stale N's read: the read bucket's token alone
+				r.reason = staleRead
+			}
 		}
 		m.podReads = append(m.podReads, r)
 	}
 	return f
 }
+
+// staleRead marks a read of an N known already: it takes a token of the read bucket, not of the
+// write's.
+const staleRead = "stale N"
 
 // bucketName names a bucket: its reason, or "ends" for the bucket the
 // ends of both levels share.
@@ -619,7 +626,9 @@ func (m *model) checkBound() error {
 			m.api.mu.Unlock()
 			return fmt.Errorf("a %s of %s at %v made for no event", r.verb, r.resource, r.at)
 		}
-		byBucket[r.reason] = append(byBucket[r.reason], r.at)
+		if r.reason != staleRead {
+			byBucket[r.reason] = append(byBucket[r.reason], r.at)
+		}
 	}
 	m.api.mu.Unlock()
 	if err := m.checkShare(m.reports()); err != nil {
