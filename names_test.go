@@ -114,3 +114,31 @@ func TestHostAskedInTwoCasesIsOneMember(t *testing.T) {
 	t.Errorf("the host of %d timeouts in %d minutes, asked in two cases, is no event of its own",
 		promoteAt+2, promoteAt+2)
 }
+
+// TestNamesInCapitalsAreCountedWithoutAllocation: members are counted case-folded without a copy
+// on the heap, names longer than the member's 64 bytes too: a storm of a client's names in
+// capitals costs no allocation a line.
+func TestNamesInCapitalsAreCountedWithoutAllocation(t *testing.T) {
+	c := newCorrelator(defaultCacheSize, func(*entry) {})
+	c.quiet = defaultQuiet
+	for i := range ownEvents {
+		c.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", epoch))
+	}
+	long := strings.Repeat("LABEL-", 15)
+	lines := make([]line, 512)
+	for i := range lines {
+		lines[i] = ln(levelError, "errors", fmt.Sprintf(
+			"2 Q%d.%sCLIENT.Example. A: read udp 10.0.0.5:40000->10.0.0.2:53: i/o timeout", i, long),
+			epoch)
+	}
+	for _, l := range lines { // the combined event and its summary are made
+		c.observe(l)
+	}
+	i := 0
+	if n := testing.AllocsPerRun(1000, func() {
+		c.observe(lines[i%len(lines)])
+		i++
+	}); n != 0 {
+		t.Errorf("%v allocations a line of a name in capitals, want 0", n)
+	}
+}
