@@ -142,3 +142,38 @@ func TestNamesInCapitalsAreCountedWithoutAllocation(t *testing.T) {
 		t.Errorf("%v allocations a line of a name in capitals, want 0", n)
 	}
 }
+
+// TestNamesCutAlikeBothPromotedAreTwoEvents: two hosts whose names share their first 64 bytes,
+// each with its lines, become two events of their own, each counting its own lines only.
+func TestNamesCutAlikeBothPromotedAreTwoEvents(t *testing.T) {
+	c := newCorrelator(defaultCacheSize, func(*entry) {})
+	at := epoch
+	for i := range ownEvents {
+		c.observe(ln(levelError, "errors", "upstream "+word(i)+" unhealthy", at))
+	}
+	prefix := strings.Repeat("s", 60) + ".svc"
+	hosts := []string{prefix + "-primary.corp.example", prefix + "-replica.corp.example"}
+	const timeout = "2 %s. A: read udp 10.0.0.5:%d->10.0.0.2:53: i/o timeout"
+	for i := range promoteAt + 4 {
+		at = at.Add(time.Minute)
+		c.observe(ln(levelError, "errors", fmt.Sprintf(timeout, "c"+word(i)+".client.example", 3000+i), at))
+		for _, h := range hosts {
+			c.observe(ln(levelError, "errors", fmt.Sprintf(timeout, h, 4000+i), at))
+		}
+	}
+	var own []*entry
+	for _, e := range c.cache.values() {
+		if e.key.member != "" {
+			own = append(own, e)
+		}
+	}
+	if len(own) != 2 || own[0].seen != own[1].seen {
+		t.Fatalf("%d events of their own for two hosts of names cut alike, want 2 of as many lines",
+			len(own))
+	}
+	if a, b := strings.Contains(own[0].message, hosts[0]), strings.Contains(own[1].message,
+		hosts[0]); a == b {
+		t.Errorf("the two events' lines are not one host's each: %q, %q", own[0].message,
+			own[1].message)
+	}
+}
