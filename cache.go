@@ -109,11 +109,27 @@ type cache struct {
 	// evict, false when it cannot.
 	others  func() int
 	giveWay func() bool
+	// byMember are the entries of one member's lines by the hash of its whole name: names cut
+	// alike to the same key.member stay apart, and a name is one member in any case of its letters.
+	byMember map[memberID]*entry
 }
 
 func newCache(size int, evicted func(*entry)) *cache {
 	return &cache{entries: map[eventKey]*entry{}, size: size, evicted: evicted,
-		pending: map[pendingKey]*group{}}
+		pending: map[pendingKey]*group{}, byMember: map[memberID]*entry{}}
+}
+
+// memberID is the event of one member's lines: its whole name's foldHash within its combined
+// event's key.
+type memberID struct {
+	level  level
+	plugin string
+	shape  uint64
+	whole  uint64
+}
+
+func (e *entry) memberID() memberID {
+	return memberID{e.key.level, e.key.plugin, e.key.shape, e.whole}
 }
 
 func (c *cache) get(key eventKey) (*entry, bool) {
@@ -134,6 +150,7 @@ func (c *cache) add(e *entry) {
 	c.entries[e.key] = e
 	if e.key.member != "" {
 		c.members++
+		c.byMember[e.memberID()] = e
 	}
 	c.place(e, true)
 }
@@ -273,6 +290,9 @@ func (c *cache) evict(pending bool) bool {
 		}
 		if e.key.member != "" {
 			c.members--
+			if c.byMember[e.memberID()] == e {
+				delete(c.byMember, e.memberID())
+			}
 		}
 		c.evicted(e)
 		return true

@@ -66,6 +66,7 @@ type entry struct {
 
 	links            // its place in the cache (cache.go)
 	hitters *hitters // of a combined event: its members (hitters.go)
+	whole   uint64   // of a member's event: the foldHash of its member's whole name
 	flow    *flow    // of a warning or an error: its lines over time (end.go)
 }
 
@@ -155,8 +156,9 @@ type correlator struct {
 	// while quiet is off, and is true once it is on again.
 	paced  time.Duration
 	shaped []byte // room for a line's shape: shapeHash's, in place
-	// memberHash is the hash with shapeSeed of the member budgeted found last, as cut
-	memberHash uint64
+	// memberHash is the foldHash of the member budgeted found last, as cut; whole, of its whole
+	// name, which identifies a member's event
+	memberHash, whole uint64
 	// promoters are those of the budgets, at most maxPromoters: the least recently used goes to
 	// another budget that needs one.
 	promoters []*promoter
@@ -190,6 +192,9 @@ func (c *correlator) observe(ln line) *entry {
 	}
 	if !ok {
 		e = newEntry(key, ln.at)
+		if key.member != "" {
+			e.whole = c.whole
+		}
 		c.cache.add(e)
 	}
 	if c.quiet > 0 {
@@ -267,11 +272,11 @@ func (c *correlator) budgeted(key eventKey, at time.Duration) (eventKey, *entry,
 	whole := f.whole()
 	m := cutMember(whole) // f.member()
 	low := int64(0)
-	if m != "" {
-		x := maphash.String(shapeSeed, whole)
-		c.memberHash = x
+	if m != "" { // counted case-folded (RFC 4343): the line keeps its own case
+		x := foldHash(whole)
+		c.memberHash, c.whole = x, x
 		if len(m) < len(whole) { // cut: its summary counts it by the hash of what is kept
-			c.memberHash = maphash.String(shapeSeed, m)
+			c.memberHash = foldHash(m)
 		}
 		low = c.promoterOf(w).add(m, x, at)
 	}
@@ -287,19 +292,21 @@ func (c *correlator) budgeted(key eventKey, at time.Duration) (eventKey, *entry,
 	if m == "" {
 		return key, e, true, m
 	}
-	own := key
-	own.member = m
 	p := w.promoter
-	if c.cache.members > 0 { // else none to find
-		if o, ok := c.cache.get(own); ok {
+	if c.cache.members > 0 { // else none to find; found by its whole name, not by m
+		if o, ok := c.cache.byMember[memberID{key.level, key.plugin, key.shape, c.whole}]; ok {
 			if p.last >= 0 {
 				p.slots[p.last].state = promoted
 			}
-			return own, o, true, m
+			return o.key, o, true, m
 		}
 	}
 	if c.promote(w, low, at) {
-		own.member = strings.Clone(m) // the key must not keep the line
+		own := key
+		own.member = strings.Clone(m)                // the key must not keep the line
+		if _, taken := c.cache.entries[own]; taken { // by a name cut alike: this one whole
+			own.member = strings.Clone(whole)
+		}
 		return own, nil, false, m
 	}
 	return key, e, true, m

@@ -96,10 +96,10 @@ func (h *hitters) countShape(x uint64) {
 // now among the top (see top), with its lines within the last quiet.
 func (h *hitters) add(member string, el, quiet time.Duration) (bool, int64) {
 	member = cutMember(member)
-	return h.count(member, maphash.String(shapeSeed, member), el, quiet)
+	return h.count(member, foldHash(member), el, quiet)
 }
 
-// count is add of a member cut already, whose hash with shapeSeed is x.
+// count is add of a member cut already, whose foldHash is x.
 func (h *hitters) count(member string, x uint64, el, quiet time.Duration) (bool, int64) {
 	h.lines++
 	if member == "" {
@@ -107,7 +107,7 @@ func (h *hitters) count(member string, x uint64, el, quiet time.Duration) (bool,
 	}
 	i := -1
 	for j, y := range h.hashes[:len(h.slots)] {
-		if y == uint32(x) && h.member(h.slots[j]) == member {
+		if s := h.slots[j]; y == uint32(x) && foldEq(h.held[s.at][:s.n], member) {
 			i = j
 			break
 		}
@@ -196,6 +196,50 @@ func (f *found) whole() string {
 		return hostOf(f.ip)
 	}
 	return f.name
+}
+
+// foldHash is the hash with shapeSeed of s with its ASCII capitals in lower case: DNS names are
+// compared so (RFC 4343). Without a copy when s has no capital, as names mostly have none; else
+// folded through a buffer on the stack.
+func foldHash(s string) uint64 {
+	i := 0
+	for i < len(s) && (s[i] < 'A' || s[i] > 'Z') {
+		i++
+	}
+	if i == len(s) {
+		return maphash.String(shapeSeed, s)
+	}
+	var h maphash.Hash
+	h.SetSeed(shapeSeed)
+	h.WriteString(s[:i])
+	var buf [maxMemberLen]byte
+	for s = s[i:]; s != ""; s = s[min(len(s), len(buf)):] {
+		n := copy(buf[:], s)
+		for j, c := range buf[:n] {
+			if c >= 'A' && c <= 'Z' {
+				buf[j] = c + 'a' - 'A'
+			}
+		}
+		h.Write(buf[:n])
+	}
+	return h.Sum64()
+}
+
+// foldEq tells whether b and s are equal, ASCII capitals and small letters alike.
+func foldEq(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		x, y := b[i], s[i]
+		if x == y {
+			continue
+		}
+		if x|0x20 != y|0x20 || x|0x20 < 'a' || x|0x20 > 'z' {
+			return false
+		}
+	}
+	return true
 }
 
 // hostOf is the IP address of a word, its port cut; empty if none.
@@ -317,7 +361,7 @@ func (p *promoter) forget(k int) {
 	}
 }
 
-// add counts a line of member, whose uncut text hashes to x, at at (the correlator's elapsed
+// add counts a line of member, whose uncut text's foldHash is x, at at (the correlator's elapsed
 // time) and returns the exact lower bound of member's lines within the window.
 func (p *promoter) add(member string, x uint64, at time.Duration) int64 {
 	p.used = at
@@ -371,7 +415,7 @@ func (p *promoter) elect() int {
 	return best
 }
 
-func (c *counter) memberIs(m string) bool { return string(c.member[:c.n]) == m }
+func (c *counter) memberIs(m string) bool { return foldEq(c.member[:c.n], m) }
 
 // advance makes gen the quarter under way: the quarters that left the window are forgotten.
 func (p *promoter) advance(gen int64) {

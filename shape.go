@@ -83,8 +83,8 @@ func appendShape(b []byte, s string, f *found) []byte {
 			m |= classes[c]
 			continue
 		}
-		if label := s[start:i]; mayBeOneLabel(label, s[i+1:]) && oneLabelName(label, s[i+1:]) {
-			f.saw(shapeName, label[:len(label)-1])
+		if word := s[start:i]; queryName(word, s[i+1:]) {
+			f.saw(shapeName, word[:len(word)-1])
 			b = append(append(b, shapeName...), '.', c)
 		} else if m&shaped == 0 && !maybeRR(s[start:i]) {
 			b = append(b, s[start:i+1]...)
@@ -99,32 +99,38 @@ func appendShape(b []byte, s string, f *found) []byte {
 	return appendWord(b, s[start:], m, f)
 }
 
-// oneLabelName tells whether w is a query's name of one label ("q7.", "com."), as the errors
-// plugin prints it: fully qualified, with a query type after it ("A:"). A name of two labels or
-// more is found without the type.
-func oneLabelName(w, rest string) bool {
+// queryName tells whether w is a query's name as the errors plugin prints it: fully qualified,
+// with a query type after it ("A:"). Then every byte of its labels is the name's, whatever a
+// client chose: "c0://x.example." and ":a/b." are names, one token each. A name it does not tell
+// of is found without the type (isName).
+func queryName(w, rest string) bool {
 	n := len(w)
 	if n < 2 || w[n-1] != '.' || rest == "" || rest[0] < 'A' || rest[0] > 'Z' {
 		return false
 	}
-	letter := false // the label first: a name of more labels has a dot within, found at once
+	label := 0
 	for i := 0; i < n-1; i++ {
 		switch c := w[i]; {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
-			letter = true
-		case c == '.' || c == '\\' || c == '<' || unprinted[c]:
+		case c == '\\':
+			k := escapeLen(w[i:])
+			if k == 0 {
+				return false
+			}
+			i += k - 1
+		case c == '.':
+			if label == 0 {
+				return false
+			}
+			label = -1
+		case c == '<' || unprinted[c]:
 			return false
 		}
+		label++
 	}
 	if i := strings.IndexByte(rest, ' '); i >= 0 {
 		rest = rest[:i]
 	}
-	return letter && rrShape(strings.TrimSuffix(rest, ":")) == shapeType
-}
-
-// mayBeOneLabel is oneLabelName's first test, inlined: most words fail it.
-func mayBeOneLabel(w, rest string) bool {
-	return len(w) >= 2 && w[len(w)-1] == '.' && rest != "" && rest[0] >= 'A' && rest[0] <= 'Z'
+	return rrShape(strings.TrimSuffix(rest, ":")) == shapeType
 }
 
 // maxRRWord is the length of the longest query type or class CoreDNS prints: NSEC3PARAM,
