@@ -413,10 +413,11 @@ func (s *scheduler) holding(b level, e *job, now time.Time) bool {
 }
 
 // showDelays shows, by reason, the oldest event never written, and the bound
-// of a new line: a refill for each plugin waiting, one more for each re-create waiting (its
-// plugin's turn is of two writes) and one for a new event of its own plugin and shape after it (new
-// events go first within a shape), the write, and a refill and a write's time for each read of the
-// pod, and of N with fleet, left.
+// of a line waiting: a refill for each plugin waiting or served before the waiting plugin served
+// last (it may log meanwhile), one more for each plugin waiting whose turn goes or went to a line
+// newer than its oldest (it keeps its place, see keep: a re-create too) and one for a new event
+// of its own plugin after it (new events go first within a plugin), the write, and a refill and
+// a write's time for each read of the pod, and of N with fleet, left.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		since := s.showPlugins(l)
@@ -428,7 +429,8 @@ func (s *scheduler) showDelays() {
 		// three
 		reads := float64(s.pod.readsLeft() + s.fleet.readsLeft())
 		q := s.queues[l]
-		turns := float64(max(len(q.turns), 1)+min(q.recreating, len(q.turns))+1) + reads
+		once, twice := q.ahead()
+		turns := float64(max(once, 1)+twice+1) + reads
 		refills := min(turns/qps, 365*24*3600)
 		bound := time.Duration(refills*1e9) + writeTimeout*time.Duration(1+reads)
 		bound += s.fleet.window()
