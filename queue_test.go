@@ -260,7 +260,9 @@ func (b *orderBucket) served(e *job, w []*job, o *orderView, id uint64) error {
 		return fmt.Errorf("%q took the turn %q's plugin kept for it", jobText(e), jobText(x))
 	}
 	kept := b.owed[e.key.plugin] == e
-	delete(b.owed, e.key.plugin)
+	if kept { // an entry settling goes before it, and leaves it its place kept
+		delete(b.owed, e.key.plugin)
+	}
 	defer b.keep(e, w, o, id)
 	if o.settling(e) {
 		b.turn = id
