@@ -241,7 +241,8 @@ func (s *scheduler) endLimit() int {
 	if s.set.quiet <= 0 {
 		return 0
 	}
-	return len(s.ends.list) + max(0, s.set.cacheSize-s.corr.cache.units())
+	// the units count the ends: a shrink of CACHESIZE below them forgets the newest not in flight
+	return max(0, len(s.ends.list)+s.set.cacheSize-s.corr.cache.units())
 }
 
 // stop starts the flush: from now on no backoff is waited out, and nothing is sent after timeout.
