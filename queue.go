@@ -208,8 +208,12 @@ func (q *tokenQueue) head(capped bool) *job {
 // ahead counts, for a line of the waiting plugin served last, the plugins that may go ahead of
 // it: those waiting and those served before it, which may log while it waits (each goes once);
 // and of those waiting, the ones whose turn goes, or went, to a line newer than the one that
-// began their wait (each goes once more, see keep). Plugins are few: those of the Corefile.
+// began their wait (each goes once more, see keep). Plugins are few, those of the Corefile: past
+// scanPlugins, it counts them all, and each plugin waiting twice, so that a pass stays O(log n).
 func (q *tokenQueue) ahead() (once, twice int) {
+	if len(q.plugins) > scanPlugins {
+		return len(q.plugins), len(q.turns)
+	}
 	last := uint64(0)
 	for _, p := range q.turns {
 		last = max(last, p.served)
@@ -224,6 +228,9 @@ func (q *tokenQueue) ahead() (once, twice int) {
 	}
 	return once, twice
 }
+
+// scanPlugins is the most plugins of a bucket ahead counts one by one.
+const scanPlugins = 64
 
 // plugin is the queue of a plugin, made if need be; it stays, as plugins are few.
 func (q *tokenQueue) plugin(name string) *turnQueue {
