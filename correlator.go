@@ -89,25 +89,27 @@ type window struct {
 // rested is a storm that ended and did not rise since, whose event the cache let go: its next
 // event of the same key keeps the hysteresis, so that one line after an end makes no second end.
 type rested struct {
-	shape  uint64
-	member string
-	peak   int64
+	shape   uint64
+	member  string
+	message string // of an event of one line: its key's
+	peak    int64
 }
 
 // rest keeps the hysteresis of e, leaving the cache, if its storm ended and did not rise since.
 func (c *correlator) rest(e *entry) {
-	if e.flow == nil || !e.flow.rest || !e.key.combined() {
+	if e.flow == nil || !e.flow.rest {
 		return
 	}
 	w := c.window(windowKey{e.key.level, e.key.plugin})
-	w.rested[w.nextRest] = rested{e.key.shape, e.key.member, e.flow.peak}
+	w.rested[w.nextRest] = rested{e.key.shape, e.key.member, e.key.message, e.flow.peak}
 	w.nextRest = (w.nextRest + 1) % maxEnds
 }
 
 // resume gives a new event's flow the hysteresis its key kept, if any.
 func (w *window) resume(key eventKey, p *flow) {
 	for i, r := range w.rested {
-		if r.peak > 0 && r.shape == key.shape && r.member == key.member {
+		if r.peak > 0 && r.shape == key.shape && r.member == key.member &&
+			r.message == key.message {
 			p.rest, p.peak = true, r.peak
 			w.rested[i] = rested{}
 			return
@@ -214,9 +216,7 @@ func (c *correlator) observe(ln line) *entry {
 		if e.flow == nil { // a storm that ended before its flow was counted rests until it rises
 			w := c.window(windowKey{key.level, key.plugin})
 			e.flow = &flow{ends: &w.ends, rest: e.storm > 0}
-			if key.combined() {
-				w.resume(key, e.flow)
-			}
+			w.resume(key, e.flow) // a storm of one line rests as a combined one does
 		}
 		// A top member holds its storm open only with more lines of its own than the threshold.
 		e.flow.add(ln.at, el, c.paced, top && recent > e.flow.threshold())

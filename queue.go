@@ -12,7 +12,8 @@ import (
 // events whose patch found them gone; then the plugins, least recently served first, so that each
 // plugin waiting puts at most one event before one served after it; within a plugin, its entries
 // settling (evicted, their latest write unanswered) and its re-creates (whose patch found the
-// event gone: the plugin takes back its turn, see resume) first, then its shapes the same way, so
+// event gone: the plugin takes back its turn, see keep) first, then the line its place was kept
+// for (a turn went to a newer line, see keep), then its shapes the same way, so
 // that one shape of many events does not hold back a new one; within a shape, new events and
 // updates of written ones take turns, new first; the new events by member (the
 // name a line is about), least recently served first, so that a client's many events of a shape
@@ -96,6 +97,13 @@ type pluginTurns struct {
 	age       *atomic.Int64            // its metric (metrics.go), once shown
 	name      string
 	changed   bool // its oldest never written may have changed
+	// opener is the job that began its wait, while it waits: a turn that goes to a newer one
+	// keeps the plugin's place for it (see keep)
+	opener *job
+	// owed is the job its next turn goes to: its place in the rotation was kept for it
+	owed        *job
+	openerStamp uint64
+	owedStamp   uint64
 }
 
 // memberKey is a member of a shape, in its plugin's members.
@@ -129,6 +137,8 @@ func (t *turnQueue) head() *job {
 	switch {
 	case t.settling.Len() > 0:
 		return t.settling.es[0]
+	case t.depth == depthPlugin && t.owes():
+		return t.owed
 	case t.depth == depthMember:
 		return t.fresh.es[0]
 	case t.depth == depthShape && t.updates.Len() > 0 && (t.updateNext || len(t.turns) == 0):
@@ -163,8 +173,6 @@ type tokenQueue struct {
 	unwritten list.List      // of the entries never written that wait, oldest first
 	changed   []*turnQueue   // plugins whose oldest never written may have changed
 	flying    map[string]int // requests in flight, by plugin
-	// recreating is the re-creates waiting first in their plugins: each adds a refill to the bound
-	recreating int
 }
 
 func newTokenQueue() *tokenQueue {
@@ -196,6 +204,33 @@ func (q *tokenQueue) head(capped bool) *job {
 	}
 	return best.head()
 }
+
+// ahead counts, for a line of the waiting plugin served last, the plugins that may go ahead of
+// it: those waiting and those served before it, which may log while it waits (each goes once);
+// and of those waiting, the ones whose turn goes, or went, to a line newer than the one that
+// began their wait (each goes once more, see keep). Plugins are few, those of the Corefile: past
+// scanPlugins, it counts them all, and each plugin waiting twice, so that a pass stays O(log n).
+func (q *tokenQueue) ahead() (once, twice int) {
+	if len(q.plugins) > scanPlugins {
+		return len(q.plugins), len(q.turns)
+	}
+	last := uint64(0)
+	for _, p := range q.turns {
+		last = max(last, p.served)
+		if p.owes() || p.opens() && p.head() != p.opener {
+			twice++
+		}
+	}
+	for _, p := range q.plugins {
+		if p.index >= 0 || p.served < last {
+			once++
+		}
+	}
+	return once, twice
+}
+
+// scanPlugins is the most plugins of a bucket ahead counts one by one.
+const scanPlugins = 64
 
 // plugin is the queue of a plugin, made if need be; it stays, as plugins are few.
 func (q *tokenQueue) plugin(name string) *turnQueue {
@@ -246,9 +281,6 @@ func (q *tokenQueue) pushFirst(e *job) { heap.Push(&q.first, e) }
 func (q *tokenQueue) push(e *job, settling bool) {
 	p := q.plugin(e.key.plugin)
 	if settling || e.slot.recreate {
-		if e.slot.recreate {
-			q.recreating++
-		}
 		q.into(&p.settling, p, e)
 		return
 	}
@@ -282,20 +314,39 @@ func (q *tokenQueue) push(e *job, settling bool) {
 }
 
 // resume gives the plugin of e, whose patch found its event gone, back the turn it had when e
-// began to wait: its re-create, first within its plugin, goes after every plugin that had no turn
-// since then, and before those that had one (they went ahead of e once already). So a plugin's
-// patch and its re-create are one turn, of two tokens: each other plugin goes ahead of e once at
-// most, and the re-create goes ahead of another plugin's line only when that plugin had a turn
-// since e began to wait.
+// began to wait (see keep): the patch and its re-create are one turn of two writes.
 func (q *tokenQueue) resume(e *entry) {
-	p := q.plugin(e.key.plugin)
-	if e.slot.stamp == 0 || e.slot.stamp >= p.served {
+	q.keep(q.plugin(e.key.plugin), &e.job)
+}
+
+// keep gives plugin p back the place in the rotation it had when j began to wait, once, and its
+// next turn to j: a turn of p that did not write j, the line that began p's wait (it went to a
+// newer line of p, new information first, or j's patch found its event gone), goes after every
+// plugin that had no turn since j began to wait and before those that had one (they went ahead
+// of j once already). So each plugin goes ahead of a line once at most, and twice when its own
+// turn went to a line newer than its oldest waiting one (a refill more in the bound).
+func (q *tokenQueue) keep(p *turnQueue, j *job) {
+	if j.slot.stamp == 0 || p.owes() {
 		return
 	}
-	p.served = e.slot.stamp
+	p.owed, p.owedStamp = j, j.slot.stamp
+	if j.slot.stamp >= p.served {
+		return
+	}
+	p.served = j.slot.stamp
 	if p.index >= 0 {
 		heap.Fix(&q.turns, p.index)
 	}
+}
+
+// owes tells that p's next turn goes to a job waiting in p, whose place p kept.
+func (p *turnQueue) owes() bool {
+	return p.owed != nil && p.owed.slot.owner != nil && p.owed.slot.stamp == p.owedStamp
+}
+
+// opens tells that the job that began p's wait still waits in p.
+func (p *turnQueue) opens() bool {
+	return p.opener != nil && p.opener.slot.owner != nil && p.opener.slot.stamp == p.openerStamp
 }
 
 // into pushes e in h, of t, and t and those above it in their turns if they were not.
@@ -305,6 +356,7 @@ func (q *tokenQueue) into(h *jobHeap, t *turnQueue, e *job) {
 	for ; t != nil && t.index < 0; t = t.parent {
 		t.since = e.slot.stamp
 		if t.parent == nil {
+			t.opener, t.openerStamp = e, e.slot.stamp
 			heap.Push(&q.turns, t)
 		} else {
 			heap.Push(&t.parent.turns, t)
@@ -314,14 +366,12 @@ func (q *tokenQueue) into(h *jobHeap, t *turnQueue, e *job) {
 
 func (q *tokenQueue) remove(e *job) {
 	t := e.slot.owner
-	if e.slot.recreate && t != nil && e.slot.in == &t.settling {
-		q.recreating--
-	}
 	heap.Remove(e.slot.in, e.slot.index)
 	for ; t != nil && t.empty() && t.index >= 0; t = t.parent {
 		switch t.depth {
 		case depthPlugin: // it stays in plugins, which are few, with its turn
 			heap.Remove(&q.turns, t.index)
+			t.owed = nil // a wait of the plugin ends, and so does its place kept
 		case depthShape:
 			heap.Remove(&t.parent.turns, t.index)
 			delete(t.parent.shapes, t.shape)
@@ -351,6 +401,13 @@ func (q *tokenQueue) served(e *job, id uint64) {
 		}
 	}
 	q.remove(e)
+	p := q.plugins[e.key.plugin]
+	if p != nil && p.owed == e { // its place kept is taken
+		p.owed = nil
+	}
+	if t != nil && p.opens() && e.slot.stamp > p.openerStamp {
+		q.keep(p, p.opener) // the turn went to a line newer than the one that began p's wait
+	}
 	for u := t; u != nil; u = u.parent {
 		if u.index < 0 {
 			continue

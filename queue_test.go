@@ -2,6 +2,7 @@ package k8s_event
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -30,7 +31,10 @@ import (
 // A turn is the id of its request, on the count of the stamps at which
 // entries begin to wait. A plugin whose patch found its event gone takes
 // back the turn it had when that entry began to wait: its re-create goes
-// before the plugins not served since, after those served since.
+// before the plugins not served since, after those served since. So does a
+// plugin whose turn went to an entry newer than the one that began its wait
+// (the scheduler's choice, which the reference reads, checks and follows),
+// once: its next turn goes to that entry, ahead of its shape's turn.
 //
 // A shape that waits again after a break starts anew, placed by its event
 // served last, which the record cannot tell apart from a break: the checks
@@ -44,6 +48,7 @@ type tokenOrder struct {
 type orderBucket struct {
 	turn    uint64
 	plugins map[string]uint64 // the turn each plugin was last served, or took back
+	owed    map[string]*job   // the entry each plugin's next turn goes to, its place kept
 	shapes  map[shapeID]*shapeTurn
 }
 
@@ -62,7 +67,8 @@ type shapeTurn struct {
 func newTokenOrder() *tokenOrder {
 	o := &tokenOrder{gone: map[*job]bool{}}
 	for b := range o.buckets {
-		o.buckets[b] = &orderBucket{plugins: map[string]uint64{}, shapes: map[shapeID]*shapeTurn{}}
+		o.buckets[b] = &orderBucket{plugins: map[string]uint64{}, shapes: map[shapeID]*shapeTurn{},
+			owed: map[string]*job{}}
 	}
 	return o
 }
@@ -81,6 +87,9 @@ func (o *tokenOrder) resumed(e *job, res result) {
 		return
 	}
 	b := o.buckets[bucketOf(e)]
+	if x := b.owed[e.key.plugin]; x == nil || x.slot.owner == nil {
+		b.owed[e.key.plugin] = e
+	}
 	if e.slot.stamp != 0 && e.slot.stamp < b.plugins[e.key.plugin] {
 		b.plugins[e.key.plugin] = e.slot.stamp
 	}
@@ -105,6 +114,13 @@ func (o *tokenOrder) dispatch(s *scheduler, now time.Time) ([]request, time.Time
 			inFlush[e] = true
 		}
 	}
+	for b, bk := range o.buckets { // a place kept ends with its plugin's wait
+		for p, x := range bk.owed {
+			if q := s.queues[b].plugins[p]; q == nil || q.owed != x {
+				delete(bk.owed, p)
+			}
+		}
+	}
 	reqs, wake := s.dispatch(now)
 	return reqs, wake, o.dispatched(s, reqs, inFlush)
 }
@@ -122,6 +138,7 @@ func (o *tokenOrder) dispatched(s *scheduler, reqs []request, inFlush map[*job]b
 		}
 	}
 	view := &orderView{gone: o.gone, inFlush: inFlush, s: s}
+
 	for _, r := range reqs {
 		f := s.flights[r.id]
 		if f.j == nil || f.read {
@@ -239,6 +256,14 @@ func (b *orderBucket) served(e *job, w []*job, o *orderView, id uint64) error {
 			return fmt.Errorf("plugin %q (served at turn %d) went before plugin %q (turn %d), which waits", e.key.plugin, b.plugins[e.key.plugin], x.key.plugin, b.plugins[x.key.plugin])
 		}
 	}
+	if x := b.owed[e.key.plugin]; x != nil && x != e && !o.settling(e) && slices.Contains(w, x) {
+		return fmt.Errorf("%q took the turn %q's plugin kept for it", jobText(e), jobText(x))
+	}
+	kept := b.owed[e.key.plugin] == e
+	if kept { // an entry settling goes before it, and leaves it its place kept
+		delete(b.owed, e.key.plugin)
+	}
+	defer b.keep(e, w, o, id)
 	if o.settling(e) {
 		b.turn = id
 		b.plugins[e.key.plugin] = b.turn
@@ -264,6 +289,7 @@ func (b *orderBucket) served(e *job, w []*job, o *orderView, id uint64) error {
 		xs := turnShape(x)
 		switch {
 		case x.key.plugin != p:
+		case kept: // a kept turn goes to its entry, ahead of its shape's turn
 		case xs != sh:
 			if other := b.shapes[xs]; unbroken && (other == nil || other.turn < st.turn) {
 				return fmt.Errorf("a shape of %q served at turn %d went again before another of its shapes, which waits (%q)", p, st.turn, jobText(x))
@@ -282,7 +308,7 @@ func (b *orderBucket) served(e *job, w []*job, o *orderView, id uint64) error {
 	} else {
 		updates++
 	}
-	if news > 0 && updates > 0 {
+	if news > 0 && updates > 0 && !kept {
 		switch {
 		case !st.fresh && !fresh(e):
 			return fmt.Errorf("update %q went before a new event of its shape, which last served an update", jobText(e))
@@ -299,4 +325,21 @@ func (b *orderBucket) served(e *job, w []*job, o *orderView, id uint64) error {
 		}
 	}
 	return nil
+}
+
+// keep keeps the place of e's plugin, just served, for the entry that began its wait (which the
+// reference reads of the scheduler), if that entry waits and began to wait before e, and the
+// plugin's next turn goes to no other: the plugin takes back the turn of that entry's stamp.
+func (b *orderBucket) keep(e *job, w []*job, o *orderView, id uint64) {
+	p := o.s.queues[o.bucket].plugins[e.key.plugin]
+	if x := b.owed[e.key.plugin]; x != nil && slices.Contains(w, x) {
+		return
+	}
+	x := p.opener
+	if x == nil || x == e || !slices.Contains(w, x) || x.slot.stamp != p.openerStamp ||
+		x.slot.stamp >= e.slot.stamp {
+		return
+	}
+	b.owed[e.key.plugin] = x
+	b.plugins[e.key.plugin] = min(b.plugins[e.key.plugin], x.slot.stamp)
 }

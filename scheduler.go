@@ -246,7 +246,8 @@ func (s *scheduler) endLimit() int {
 	if s.set.quiet <= 0 {
 		return 0
 	}
-	return len(s.ends.list) + max(0, s.set.cacheSize-s.corr.cache.units())
+	// the units count the ends: a shrink of CACHESIZE below them forgets the newest not in flight
+	return max(0, len(s.ends.list)+s.set.cacheSize-s.corr.cache.units())
 }
 
 // stop starts the flush: from now on no backoff is waited out, and nothing is sent after timeout.
@@ -430,12 +431,13 @@ func (s *scheduler) holding(b level, e *job, now time.Time) bool {
 }
 
 // showDelays shows, by reason, the oldest event never written, and the bound
-// of a new line: a refill for each plugin waiting, one more for each re-create waiting (its
-// plugin's turn is of two writes) and one for a new event of its own plugin and shape after it (new
-// events go first within a shape), the write, and a refill and a write's time for each read of the
-// pod, and of N with fleet, left (once N is read, a stale N's read's time); and, since the reason
-// last had no line waiting, a refill for each 429 answered to its requests, and every 429's hold
-// and gaps.
+// of a line waiting: a refill for each plugin waiting or served before the waiting plugin served
+// last (it may log meanwhile), one more for each plugin waiting whose turn goes or went to a line
+// newer than its oldest (it keeps its place, see keep: a re-create too) and one for a new event
+// of its own plugin after it (new events go first within a plugin), the write, and a refill and
+// a write's time for each read of the pod, and of N with fleet, left (once N is read, a stale
+// N's read's time); and, since the reason last had no line waiting, a refill for each 429
+// answered to its requests, and every 429's hold and gaps.
 func (s *scheduler) showDelays() {
 	for l := levelDebug; l < levelFatal; l++ {
 		since := s.showPlugins(l)
@@ -450,7 +452,8 @@ func (s *scheduler) showDelays() {
 			s.answered429[l], s.held[l] = 0, 0
 		}
 		q := s.queues[l]
-		turns := float64(max(len(q.turns), 1)+min(q.recreating, len(q.turns))+1) + reads
+		once, twice := q.ahead()
+		turns := float64(max(once, 1)+twice+1) + reads
 		turns += float64(s.answered429[l]) // each a token spent, a refill more
 		refills := min(turns/qps, 365*24*3600)
 		bound := time.Duration(refills*1e9) + writeTimeout*time.Duration(1+reads)
