@@ -35,14 +35,7 @@ func TestUpdateWaitsOneRefillMoreForANewEventOfItsShapeAfterIt(t *testing.T) {
 	h.advance(time.Second)
 	h.observe(ln(levelError, "errors", fmt.Sprintf(timeout, "web.corp.example"), clk.Now()))
 	drain(h) // a new event of its shape, after it
-	var shown time.Duration
-	_, patches := api.writes()
-	for patches == 0 && clk.Since(logged) < 4*time.Hour {
-		shown = max(shown, time.Duration(delays[levelError].bound.Load()))
-		h.advance(time.Second)
-		_, patches = api.writes()
-	}
-	wait := clk.Since(logged)
+	wait, shown := untilWritten(h, clk, logged, 4*time.Hour, patched(api), nil)
 	stated := (1+2+1)*refill + writeTimeout
 	if wait > stated {
 		t.Errorf("the update is written %v after its line, past the stated bound %v "+
@@ -79,18 +72,15 @@ func TestBoundShownCountsPluginsThatComeWhileALineWaits(t *testing.T) {
 	logged := clk.Now()
 	h.observe(ln(levelError, "reload", "reload failed", logged))
 	drain(h)
-	var shown time.Duration
 	next := 0
-	for !holds(api, "reload failed") && clk.Since(logged) < 4*time.Hour {
+	wait, shown := untilWritten(h, clk, logged, 4*time.Hour, func() bool { return holds(api, "reload failed") }, func() {
 		// the next plugin logs a line once the one before it is written
 		if next < len(others) && (next == 0 || holds(api, others[next-1]+" broke again")) {
 			h.observe(ln(levelError, others[next], others[next]+" broke again", clk.Now()))
 			next++
 		}
-		shown = max(shown, time.Duration(delays[levelError].bound.Load()))
-		h.advance(time.Second)
-	}
-	if wait := clk.Since(logged); wait > shown+82*time.Second {
+	})
+	if wait > shown+82*time.Second {
 		t.Errorf("reload's line is written %v after it was logged, past the largest bound shown "+
 			"plus 82 s, %v: CoreDNSEventsDelayed fires on a line within the README's bound",
 			wait, shown+82*time.Second)

@@ -39,12 +39,7 @@ func TestQuietPluginsLineAnswered429WaitsOnlyTheHold(t *testing.T) {
 	logged := clk.Now()
 	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
 	drain(h)
-	var shown time.Duration
-	for !holds(api, "reload failed") && clk.Since(logged) < 2*time.Hour {
-		shown = max(shown, time.Duration(delays[levelError].bound.Load()))
-		h.advance(time.Second)
-	}
-	wait := clk.Since(logged)
+	wait, shown := untilWritten(h, clk, logged, 2*time.Hour, func() bool { return holds(api, "reload failed") }, nil)
 	stated := refill + writeTimeout + 2*(refill+1200*time.Millisecond+2400*time.Millisecond)
 	if wait > stated {
 		t.Errorf("reload's line, answered 429 twice, is written %v after it was logged, past the "+
@@ -91,12 +86,7 @@ func TestQuietPluginsLineIsWrittenWhileReadsOfNAreAnswered429(t *testing.T) {
 	logged := clk.Now()
 	h.observe(ln(levelError, "reload", "Corefile changed but reload failed", logged))
 	drain(h)
-	var shown time.Duration
-	for !holds(api, "reload failed") && clk.Since(logged) < 2*time.Hour {
-		shown = max(shown, time.Duration(delays[levelError].bound.Load()))
-		h.advance(time.Second)
-	}
-	wait := clk.Since(logged)
+	wait, shown := untilWritten(h, clk, logged, 2*time.Hour, func() bool { return holds(api, "reload failed") }, nil)
 	stated := refill + writeTimeout + h.s.fleet.window() + 1200*time.Millisecond + 2400*time.Millisecond
 	if wait > stated {
 		t.Errorf("reload's line is written %v after it was logged (%d reads of the Deployment "+
@@ -142,12 +132,7 @@ func TestLineWaitingForThePodsUIDIsWrittenWhileItsListIsAnswered429(t *testing.T
 	logged := clk.Now()
 	h.observe(ln(levelError, "errors", "upstream down", logged))
 	drain(h)
-	var shown time.Duration
-	for !holds(api, "upstream down") && clk.Since(logged) < 2*time.Hour {
-		shown = max(shown, time.Duration(delays[levelError].bound.Load()))
-		h.advance(time.Second)
-	}
-	wait := clk.Since(logged)
+	wait, shown := untilWritten(h, clk, logged, 2*time.Hour, func() bool { return holds(api, "upstream down") }, nil)
 	reads := podReads(api)
 	stated := refill + writeTimeout + 2*(refill+writeTimeout) +
 		time.Duration(len(reads))*(1200*time.Millisecond+2400*time.Millisecond)

@@ -317,44 +317,35 @@ func TestBoundShownCountsARecreateWaiting(t *testing.T) {
 	logged := clk.Now()
 	h.observe(ln(levelError, "reload", "Corefile broken", logged))
 	drain(h)
-	var bound time.Duration
-	for !holds(api, "Corefile broken") && clk.Since(logged) < 2*time.Hour {
-		bound = max(bound, time.Duration(delays[levelError].bound.Load()))
-		h.advance(time.Second)
-	}
-	if wait := clk.Since(logged); wait > bound {
+	wait, bound := untilWritten(h, clk, logged, 2*time.Hour, func() bool { return holds(api, "Corefile broken") }, nil)
+	if wait > bound {
 		t.Errorf("reload's line is written %v after it was logged, past the largest bound "+
 			"shown, %v", wait, bound)
 	}
 }
 
-// TestBoundShownCountsANewEventOfItsOwnShapeAfterIt: new events go first
-// within a shape, so a line whose event is written already waits a refill
-// more when a new event of its plugin and shape comes after it; the bound
-// shown counts that refill.
-func TestBoundShownCountsANewEventOfItsOwnShapeAfterIt(t *testing.T) {
-	const refill = 300 * time.Second
-	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
-	const timeout = "2 %s. A: read udp 10.0.0.9:40001->192.0.2.53:53: i/o timeout"
-	first := fmt.Sprintf(timeout, "db.corp.example")
-	h.observe(ln(levelError, "errors", first, clk.Now()))
-	drain(h) // its create takes the one token
-	h.advance(time.Second)
-	logged := clk.Now()
-	h.observe(ln(levelError, "errors", first, logged)) // an update, waiting for a refill
-	drain(h)
-	h.advance(time.Second)
-	h.observe(ln(levelError, "errors", fmt.Sprintf(timeout, "web.corp.example"), clk.Now()))
-	drain(h) // a new event of its shape: it goes first
-	var bound time.Duration
-	_, patches := api.writes()
-	for patches == 0 && clk.Since(logged) < 2*time.Hour {
-		bound = max(bound, time.Duration(delays[levelError].bound.Load()))
+// clockLike is what untilWritten reads of a test's clock.
+type clockLike interface{ Since(time.Time) time.Duration }
+
+// untilWritten advances h a second at a time from logged until written says the line is, or
+// limit passed; it returns the line's wait and the largest bound the gauge showed meanwhile.
+// each, if set, runs before every step.
+func untilWritten(h *harness, clk clockLike, logged time.Time, limit time.Duration, written func() bool,
+	each func()) (wait, shown time.Duration) {
+	for !written() && clk.Since(logged) < limit {
+		if each != nil {
+			each()
+		}
+		shown = max(shown, time.Duration(delays[levelError].bound.Load()))
 		h.advance(time.Second)
-		_, patches = api.writes()
 	}
-	if wait := clk.Since(logged); wait > bound {
-		t.Errorf("the update is written %v after its line, past the largest bound shown, %v",
-			wait, bound)
+	return clk.Since(logged), shown
+}
+
+// patched tells whether the API was sent a patch.
+func patched(api *fakeAPI) func() bool {
+	return func() bool {
+		_, patches := api.writes()
+		return patches > 0
 	}
 }
