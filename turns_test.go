@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // TestUpdateWaitsOneRefillMoreForANewEventOfItsShapeAfterIt: README and
@@ -17,21 +19,8 @@ import (
 // (1 + 2 + 1) refills and a write, and within the largest bound shown.
 func TestUpdateWaitsOneRefillMoreForANewEventOfItsShapeAfterIt(t *testing.T) {
 	const refill = 300 * time.Second
-	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
 	const timeout = "2 %s. A: read udp 10.0.0.9:40001->192.0.2.53:53: i/o timeout"
-	first := fmt.Sprintf(timeout, "db.corp.example")
-	h.observe(ln(levelError, "errors", first, clk.Now()))
-	drain(h) // its create takes the one token: errors is served
-	h.advance(time.Second)
-	for i := range 5 { // two busy plugins, never served yet
-		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " down"), clk.Now()))
-		h.observe(ln(levelError, "kubernetes", fmt.Sprint("watch ", i, " failed"), clk.Now()))
-	}
-	drain(h)
-	h.advance(time.Second)
-	logged := clk.Now()
-	h.observe(ln(levelError, "errors", first, logged)) // an update: errors has nothing else pending
-	drain(h)
+	h, api, clk, logged := updateBehindTwoBusyPlugins(t, refill, fmt.Sprintf(timeout, "db.corp.example"))
 	h.advance(time.Second)
 	h.observe(ln(levelError, "errors", fmt.Sprintf(timeout, "web.corp.example"), clk.Now()))
 	drain(h) // a new event of its shape, after it
@@ -101,20 +90,8 @@ func TestBoundShownCountsPluginsThatComeWhileALineWaits(t *testing.T) {
 // is written within (1 + 2 + 1) refills and a write, not (1 + 2 + 1 + 2).
 func TestUpdateIsHeldOnceByANewEventOfAnotherShapeAfterIt(t *testing.T) {
 	const refill = 300 * time.Second
-	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
-	first := "2 db.corp.example. A: read udp 10.0.0.9:40001->192.0.2.53:53: i/o timeout"
-	h.observe(ln(levelError, "errors", first, clk.Now()))
-	drain(h) // its create takes the one token: errors is served
-	h.advance(time.Second)
-	for i := range 5 { // two busy plugins, never served yet
-		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " down"), clk.Now()))
-		h.observe(ln(levelError, "kubernetes", fmt.Sprint("watch ", i, " failed"), clk.Now()))
-	}
-	drain(h)
-	h.advance(time.Second)
-	logged := clk.Now()
-	h.observe(ln(levelError, "errors", first, logged)) // an update: errors has nothing else pending
-	drain(h)
+	h, api, clk, logged := updateBehindTwoBusyPlugins(t, refill,
+		"2 db.corp.example. A: read udp 10.0.0.9:40001->192.0.2.53:53: i/o timeout")
 	h.advance(time.Second)
 	h.observe(ln(levelError, "errors", "plugin errors: zone example.org has no SOA", clk.Now()))
 	drain(h) // a new event of another shape, after it
@@ -167,4 +144,25 @@ func TestStormOfOneLineKeepsItsHysteresisWhenEvicted(t *testing.T) {
 		t.Errorf("%d ends: the storm of 1,000 lines a quiet ended again after 6 lines a quiet, "+
 			"without rising above 1 %% of its peak", n)
 	}
+}
+
+// updateBehindTwoBusyPlugins is a harness at a refill of refill where errors' event of first
+// was written, two busy plugins never served wait, and a line of first, an update, was logged
+// at logged: errors has nothing else pending.
+func updateBehindTwoBusyPlugins(t *testing.T, refill time.Duration, first string) (*harness, *fakeAPI,
+	*clocktesting.FakeClock, time.Time) {
+	h, api, clk := newTestHarness(t, testConfig(all, 1/refill.Seconds(), 1, 64))
+	h.observe(ln(levelError, "errors", first, clk.Now()))
+	drain(h) // its create takes the one token: errors is served
+	h.advance(time.Second)
+	for i := range 5 { // two busy plugins, never served yet
+		h.observe(ln(levelError, "forward", fmt.Sprint("upstream ", i, " down"), clk.Now()))
+		h.observe(ln(levelError, "kubernetes", fmt.Sprint("watch ", i, " failed"), clk.Now()))
+	}
+	drain(h)
+	h.advance(time.Second)
+	logged := clk.Now()
+	h.observe(ln(levelError, "errors", first, logged))
+	drain(h)
+	return h, api, clk, logged
 }

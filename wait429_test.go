@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // TestQuietPluginsLineAnswered429WaitsOnlyTheHold: design.md, "The
@@ -62,16 +63,7 @@ func TestQuietPluginsLineAnswered429WaitsOnlyTheHold(t *testing.T) {
 // went to a read of N answered 429.
 func TestQuietPluginsLineIsWrittenWhileReadsOfNAreAnswered429(t *testing.T) {
 	const refill = 300 * time.Second
-	cfg := testConfig(all, 1/refill.Seconds(), 4, 256)
-	cfg.fleetQPS, cfg.fleetBurst, cfg.fleetSet = 1, 20, true
-	h, api, clk := newTestHarness(t, cfg)
-	addDeployment(api, testRef.Name, 1, intstr.FromInt32(0))
-	h.observe(ln(levelError, "errors", "zone example.org broken", clk.Now()))
-	h.advance(time.Minute) // the herd's window, the three reads of N and the write
-	if h.s.fleet.n != 1 || !holds(api, "broken") {
-		t.Fatalf("N %d, errors' line written %v: want N 1 read and the line written",
-			h.s.fleet.n, holds(api, "broken"))
-	}
+	h, api, clk := withNRead(t, refill)
 	api.setFault(func(r apiRequest) fault {
 		if r.resource == "deployments" {
 			return fault{code: http.StatusTooManyRequests, retryAfter: 1}
@@ -154,16 +146,7 @@ func TestLineWaitingForThePodsUIDIsWrittenWhileItsListIsAnswered429(t *testing.T
 // the line's bucket, is not a second refill the bound does not count.
 func TestQuietPluginsLineIsNotHeldARefillByAReadOfAStaleN(t *testing.T) {
 	const refill = 300 * time.Second
-	cfg := testConfig(all, 1/refill.Seconds(), 4, 256)
-	cfg.fleetQPS, cfg.fleetBurst, cfg.fleetSet = 1, 20, true
-	h, api, clk := newTestHarness(t, cfg)
-	addDeployment(api, testRef.Name, 1, intstr.FromInt32(0))
-	h.observe(ln(levelError, "errors", "zone example.org broken", clk.Now()))
-	h.advance(time.Minute) // the herd's window, the three reads of N and the write
-	if h.s.fleet.n != 1 || !holds(api, "broken") {
-		t.Fatalf("N %d, errors' line written %v: want N 1 read and the line written",
-			h.s.fleet.n, holds(api, "broken"))
-	}
+	h, api, clk := withNRead(t, refill)
 	h.observe(ln(levelError, "errors", "zone example.net broken", clk.Now()))
 	h.advance(refill) // errors' second line takes the refill: the bucket is empty, N 5 min old
 	logged := clk.Now()
@@ -213,4 +196,20 @@ func TestCreatesWithoutTheUIDReadThePodAgainOncePerCreate(t *testing.T) {
 	if len(evs) != 2 || evs[1].InvolvedObject.UID != "uid-9" {
 		t.Errorf("UIDs %v, want the second create to carry uid-9", uidsOf(evs))
 	}
+}
+
+// withNRead is a harness with fleet 1 20 at a refill of refill, a Deployment of one replica,
+// and N read once for a line of errors, written.
+func withNRead(t *testing.T, refill time.Duration) (*harness, *fakeAPI, *clocktesting.FakeClock) {
+	cfg := testConfig(all, 1/refill.Seconds(), 4, 256)
+	cfg.fleetQPS, cfg.fleetBurst, cfg.fleetSet = 1, 20, true
+	h, api, clk := newTestHarness(t, cfg)
+	addDeployment(api, testRef.Name, 1, intstr.FromInt32(0))
+	h.observe(ln(levelError, "errors", "zone example.org broken", clk.Now()))
+	h.advance(time.Minute) // the herd's window, the three reads of N and the write
+	if h.s.fleet.n != 1 || !holds(api, "broken") {
+		t.Fatalf("N %d, errors' line written %v: want N 1 read and the line written",
+			h.s.fleet.n, holds(api, "broken"))
+	}
+	return h, api, clk
 }
