@@ -82,7 +82,7 @@ func ownedByDeployment(t *testing.T, pod *corev1.Pod) {
 
 // TestFleetSharesItsBound: with `fleet 4 4` and a Deployment of 3 replicas and maxSurge 1 on the
 // real kube-apiserver, the replica counts N = 4 through its ReplicaSet, and writes its share:
-// BURST/N + 1 = 2 events at once, then QPS/N + 1/3600 a second.
+// BURST/N + 1 = 2 events at once, then QPS/N + 1/3600 a second, after the herd's spread.
 func TestFleetSharesItsBound(t *testing.T) {
 	pod := testPod(t)
 	ownedByDeployment(t, pod)
@@ -91,7 +91,9 @@ func TestFleetSharesItsBound(t *testing.T) {
 	for i := range lines {
 		c.logLine("error", 1, fmt.Sprintf("upstream %d unreachable", i))
 	}
-	evs := waitEventsFor(t, pod, 30*time.Second, "every event", func(evs []corev1.Event) bool {
+	// Until N is read the herd's window is its most, 30 s: the first write waits a random part
+	// of it, then the share writes 2 at once and 1 a second.
+	evs := waitEventsFor(t, pod, 30*time.Second+lines*time.Second+15*time.Second, "every event", func(evs []corev1.Event) bool {
 		return len(withReason(evs, "CoreDNSError")) == lines
 	})
 	var created []time.Time
