@@ -329,32 +329,11 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 			soon(now.Add(w))
 			break
 		}
-		read := false // a create first waits for, or makes, the read of the pod
-		if e.lines == nil || e.lines.name == "" {
-			w, must := s.pod.readDue(now, s.stopping)
-			if must && w != 0 { // the bucket waits: until the read is written no event is
-				if w > 0 {
-					soon(now.Add(w))
-				}
-				break
-			}
-			read = must
+		read, fleetRead, stop := s.readsFirst(e, b, now, soon)
+		if stop {
+			break
 		}
-		fleetRead, write := false, !read
-		if write {
-			w, due, must := s.fleet.readFor(b, now, s.stopping)
-			if w > 0 { // the write waits for N, or a read of N comes then
-				soon(now.Add(w))
-			}
-			if must {
-				break
-			}
-			// a stale N is read again only when the write has its token, which the read does not
-			// take (the read bucket bounds those reads): the write goes with it, not a refill later
-			stale := s.fleet.n > 0
-			fleetRead = s.fleetReadable(due && (!stale || bk.wait(now) == 0), now)
-			write = !fleetRead
-		}
+		write := !read && !fleetRead
 		if !s.stopping { // the herd spread: reads of the pod and the workload too
 			if w := s.fleet.herdWait(now, s.rand); w > 0 {
 				soon(now.Add(w))
@@ -404,6 +383,35 @@ func (s *scheduler) serve(b level, now time.Time, reqs []request, soon func(time
 		reqs = append(reqs, s.prepare(e, id, b, now))
 	}
 	return reqs
+}
+
+// readsFirst tells whether e's turn goes to a read of the pod (a create waits for, or makes,
+// it) or of the workload's N, or whether the bucket waits (stop) for one of them.
+func (s *scheduler) readsFirst(e *job, b level, now time.Time, soon func(time.Time)) (
+	read, fleetRead, stop bool) {
+	if e.lines == nil || e.lines.name == "" {
+		w, must := s.pod.readDue(now, s.stopping)
+		if must && w != 0 { // the bucket waits: until the read is written no event is
+			if w > 0 {
+				soon(now.Add(w))
+			}
+			return false, false, true
+		}
+		if must {
+			return true, false, false
+		}
+	}
+	w, due, must := s.fleet.readFor(b, now, s.stopping)
+	if w > 0 { // the write waits for N, or a read of N comes then
+		soon(now.Add(w))
+	}
+	if must {
+		return false, false, true
+	}
+	// a stale N is read again only when the write has its token, which the read does not take
+	// (the read bucket bounds those reads): the write goes with it, not a refill later
+	stale := s.fleet.n > 0
+	return false, s.fleetReadable(due && (!stale || s.buckets[b].wait(now) == 0), now), false
 }
 
 // fleetReadable tells that a read of the workload is due and can be made: without the pod's
